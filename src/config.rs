@@ -1,0 +1,524 @@
+//! The daemon's TOML configuration: one strict serde struct with the contract's defaults.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use narya_oci::ImageReference;
+use narya_runtimes::{Network, User};
+use serde::{Deserialize, Deserializer};
+
+/// Where `naryad` looks when neither `--config` nor `NARYA_CONFIG` is given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/narya/naryad.toml";
+/// The default unix socket, also the CLI's default.
+pub const DEFAULT_SOCKET: &str = "/run/narya/narya.sock";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("configuration file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    #[serde(default)]
+    pub listen: Listen,
+    pub identity: Identity,
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
+    #[serde(default)]
+    pub image: Image,
+    #[serde(default)]
+    pub environment: EnvironmentConfig,
+    pub github: Option<GitHub>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listen {
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    pub tcp: Option<SocketAddr>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_uri: Option<String>,
+    #[serde(default = "default_person_claim")]
+    pub person_claim: String,
+    #[serde(default = "default_organisation_claim")]
+    pub organisation_claim: String,
+    #[serde(default = "default_algorithms")]
+    pub algorithms: Vec<Algorithm>,
+    #[serde(default = "default_leeway")]
+    pub leeway: HumanDuration,
+}
+
+/// An asymmetric JWS algorithm; symmetric ones and `none` cannot be configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum Algorithm {
+    RS256,
+    RS384,
+    RS512,
+    PS256,
+    PS384,
+    PS512,
+    ES256,
+    ES384,
+    EdDSA,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Containerd,
+    Docker,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    #[serde(default = "default_backend")]
+    pub backend: Backend,
+    #[serde(default = "default_containerd_socket")]
+    pub containerd_socket: PathBuf,
+    #[serde(default = "default_containerd_namespace")]
+    pub containerd_namespace: String,
+    #[serde(default = "default_snapshotter")]
+    pub snapshotter: String,
+    #[serde(default = "default_docker_socket")]
+    pub docker_socket: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    #[serde(default = "default_image_reference", deserialize_with = "from_str")]
+    pub reference: ImageReference,
+    #[serde(default)]
+    pub insecure_registries: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentConfig {
+    #[serde(default = "default_user", deserialize_with = "user")]
+    pub user: User,
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    #[serde(default = "default_network", deserialize_with = "network")]
+    pub network: Network,
+    #[serde(default = "default_setup_timeout")]
+    pub setup_timeout: HumanDuration,
+    #[serde(default = "default_clone_timeout")]
+    pub clone_timeout: HumanDuration,
+    #[serde(default = "default_output_limit")]
+    pub output_limit: usize,
+    #[serde(default = "default_exec_timeout")]
+    pub exec_timeout: HumanDuration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitHub {
+    pub app_id: u64,
+    pub private_key: PathBuf,
+    #[serde(default = "default_github_api_url")]
+    pub api_url: String,
+    #[serde(default = "default_github_git_url")]
+    pub git_url: String,
+    #[serde(default = "default_github_connect_url")]
+    pub connect_url: String,
+}
+
+/// A duration written as a string such as `"90s"` or `"15m"`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl fmt::Debug for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `"90s"`, `"15m"`, `"1h 30m"`; a bare number or an unknown unit is an error.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        format!(
+            "invalid duration {text:?} ({e}); write a number with a unit, e.g. \"90s\" or \"15m\""
+        )
+    })
+}
+
+fn from_str<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    let text = String::deserialize(deserializer)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+/// Parses `"UID:GID"`.
+pub fn parse_user(text: &str) -> Result<User, String> {
+    let err = || format!("invalid user {text:?}; write numeric \"uid:gid\", e.g. \"1000:1000\"");
+    let (uid, gid) = text.split_once(':').ok_or_else(err)?;
+    Ok(User {
+        uid: uid.parse().map_err(|_| err())?,
+        gid: gid.parse().map_err(|_| err())?,
+    })
+}
+
+fn user<'de, D: Deserializer<'de>>(deserializer: D) -> Result<User, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_user(&text).map_err(serde::de::Error::custom)
+}
+
+fn network<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Network, D::Error> {
+    match String::deserialize(deserializer)?.as_str() {
+        "host" => Ok(Network::Host),
+        "none" => Ok(Network::None),
+        other => Err(serde::de::Error::custom(format!(
+            "invalid network {other:?}; expected \"host\" or \"none\""
+        ))),
+    }
+}
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/narya")
+}
+fn default_socket() -> PathBuf {
+    PathBuf::from(DEFAULT_SOCKET)
+}
+fn default_person_claim() -> String {
+    "sub".to_owned()
+}
+fn default_organisation_claim() -> String {
+    "org".to_owned()
+}
+fn default_algorithms() -> Vec<Algorithm> {
+    vec![Algorithm::RS256, Algorithm::ES256]
+}
+fn default_leeway() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+fn default_backend() -> Backend {
+    Backend::Containerd
+}
+fn default_containerd_socket() -> PathBuf {
+    PathBuf::from("/run/containerd/containerd.sock")
+}
+fn default_containerd_namespace() -> String {
+    "narya".to_owned()
+}
+fn default_snapshotter() -> String {
+    "overlayfs".to_owned()
+}
+fn default_docker_socket() -> PathBuf {
+    PathBuf::from("/var/run/docker.sock")
+}
+fn default_image_reference() -> ImageReference {
+    ImageReference::Layout(PathBuf::from("/var/lib/narya/images/official"))
+}
+fn default_user() -> User {
+    User {
+        uid: 1000,
+        gid: 1000,
+    }
+}
+fn default_workspace() -> String {
+    "/workspace".to_owned()
+}
+fn default_network() -> Network {
+    Network::Host
+}
+fn default_setup_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(15 * 60))
+}
+fn default_clone_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10 * 60))
+}
+fn default_output_limit() -> usize {
+    65536
+}
+fn default_exec_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30 * 60))
+}
+fn default_github_api_url() -> String {
+    "https://api.github.com".to_owned()
+}
+fn default_github_git_url() -> String {
+    "https://github.com".to_owned()
+}
+fn default_github_connect_url() -> String {
+    "https://github.com/apps/narya/installations/new".to_owned()
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Listen {
+            socket: default_socket(),
+            tcp: None,
+        }
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            backend: default_backend(),
+            containerd_socket: default_containerd_socket(),
+            containerd_namespace: default_containerd_namespace(),
+            snapshotter: default_snapshotter(),
+            docker_socket: default_docker_socket(),
+        }
+    }
+}
+
+impl Default for Image {
+    fn default() -> Self {
+        Image {
+            reference: default_image_reference(),
+            insecure_registries: Vec::new(),
+        }
+    }
+}
+
+impl Default for EnvironmentConfig {
+    fn default() -> Self {
+        EnvironmentConfig {
+            user: default_user(),
+            workspace: default_workspace(),
+            network: default_network(),
+            setup_timeout: default_setup_timeout(),
+            clone_timeout: default_clone_timeout(),
+            output_limit: default_output_limit(),
+            exec_timeout: default_exec_timeout(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and checks the file at `path`; every error names the file and the key.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text).map_err(|message| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses configuration text; the error is a message naming the offending key.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let config: Config = toml::from_str(text).map_err(|e| describe_toml_error(&e))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let id = &self.identity;
+        if id.issuer.trim().is_empty() {
+            return Err("key `identity.issuer` must not be empty".to_owned());
+        }
+        if id.audience.trim().is_empty() {
+            return Err("key `identity.audience` must not be empty".to_owned());
+        }
+        if id.algorithms.is_empty() {
+            return Err("key `identity.algorithms` must name at least one algorithm".to_owned());
+        }
+        if id.person_claim.is_empty() || id.organisation_claim.is_empty() {
+            return Err(
+                "keys `identity.person_claim` and `identity.organisation_claim` must not be empty"
+                    .to_owned(),
+            );
+        }
+        if let Some(uri) = &id.jwks_uri {
+            if !(uri.starts_with("https://")
+                || uri.starts_with("http://")
+                || uri.starts_with("file://"))
+            {
+                return Err(format!(
+                    "key `identity.jwks_uri`: {uri:?} must be an http(s):// or file:// URL"
+                ));
+            }
+        }
+        if !self.environment.workspace.starts_with('/') {
+            return Err(format!(
+                "key `environment.workspace`: {:?} must be an absolute path inside the machine",
+                self.environment.workspace
+            ));
+        }
+        if self.environment.output_limit == 0 {
+            return Err("key `environment.output_limit` must be at least 1 byte".to_owned());
+        }
+        if self.runtime.containerd_namespace.is_empty() {
+            return Err("key `runtime.containerd_namespace` must not be empty".to_owned());
+        }
+        Ok(())
+    }
+
+    /// The SQLite database file.
+    pub fn database_path(&self) -> PathBuf {
+        self.state_dir.join("narya.db")
+    }
+
+    /// The directory holding every environment's workspace.
+    pub fn workspaces_dir(&self) -> PathBuf {
+        self.state_dir.join("workspaces")
+    }
+}
+
+/// toml's rendered error quotes the offending line and names the key; it is the clearest pointer.
+fn describe_toml_error(e: &toml::de::Error) -> String {
+    e.to_string().trim_end().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[identity]
+issuer = "https://id.example.com"
+audience = "narya"
+"#;
+
+    #[test]
+    fn minimal_file_takes_the_contract_defaults() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/narya"));
+        assert_eq!(c.listen.socket, PathBuf::from("/run/narya/narya.sock"));
+        assert_eq!(c.listen.tcp, None);
+        assert_eq!(c.identity.person_claim, "sub");
+        assert_eq!(c.identity.organisation_claim, "org");
+        assert_eq!(
+            c.identity.algorithms,
+            vec![Algorithm::RS256, Algorithm::ES256]
+        );
+        assert_eq!(c.identity.leeway.0, Duration::from_secs(30));
+        assert_eq!(c.runtime.backend, Backend::Containerd);
+        assert_eq!(c.runtime.containerd_namespace, "narya");
+        assert_eq!(c.runtime.snapshotter, "overlayfs");
+        assert_eq!(
+            c.image.reference.to_string(),
+            "oci-layout:/var/lib/narya/images/official"
+        );
+        assert_eq!(
+            c.environment.user,
+            User {
+                uid: 1000,
+                gid: 1000
+            }
+        );
+        assert_eq!(c.environment.workspace, "/workspace");
+        assert_eq!(c.environment.network, Network::Host);
+        assert_eq!(c.environment.setup_timeout.0, Duration::from_secs(900));
+        assert_eq!(c.environment.clone_timeout.0, Duration::from_secs(600));
+        assert_eq!(c.environment.output_limit, 65536);
+        assert_eq!(c.environment.exec_timeout.0, Duration::from_secs(1800));
+        assert!(c.github.is_none());
+        assert_eq!(c.database_path(), PathBuf::from("/var/lib/narya/narya.db"));
+    }
+
+    #[test]
+    fn example_configuration_in_contrib_parses() {
+        let text = include_str!("../contrib/naryad.example.toml");
+        let c = Config::parse(text).unwrap();
+        assert_eq!(c.listen.tcp, Some("127.0.0.1:7070".parse().unwrap()));
+        assert!(c.github.is_some());
+    }
+
+    #[test]
+    fn unknown_key_is_refused_by_name() {
+        let text = format!("{MINIMAL}\n[environment]\nsetup_timout = \"5m\"\n");
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.contains("setup_timout"), "{err}");
+    }
+
+    #[test]
+    fn unknown_top_level_key_is_refused_by_name() {
+        let text = format!("statedir = \"/tmp\"\n{MINIMAL}");
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.contains("statedir"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_is_refused_naming_the_key() {
+        let text = format!("{MINIMAL}\n[environment]\nsetup_timeout = \"15 parsecs\"\n");
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.contains("setup_timeout"), "{err}");
+        assert!(err.contains("15 parsecs"), "{err}");
+    }
+
+    #[test]
+    fn bare_number_is_not_a_duration() {
+        let text = format!("{MINIMAL}leeway = \"30\"\n");
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.contains("leeway"), "{err}");
+    }
+
+    #[test]
+    fn missing_identity_is_refused() {
+        let err = Config::parse("state_dir = \"/tmp/x\"\n").unwrap_err();
+        assert!(err.contains("identity"), "{err}");
+    }
+
+    #[test]
+    fn symmetric_algorithms_cannot_be_configured() {
+        let text = format!("{MINIMAL}algorithms = [\"HS256\"]\n");
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.contains("HS256"), "{err}");
+    }
+
+    #[test]
+    fn bad_user_network_and_reference_are_refused() {
+        for (key, value) in [
+            ("user", "\"root\""),
+            ("network", "\"bridge\""),
+            ("workspace", "\"workspace\""),
+        ] {
+            let text = format!("{MINIMAL}\n[environment]\n{key} = {value}\n");
+            let err = Config::parse(&text).unwrap_err();
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let text = format!("{MINIMAL}\n[image]\nreference = \"official:1\"\n");
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.contains("reference"), "{err}");
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("naryad.toml");
+        std::fs::write(&path, "[identity]\nissuer = \"x\"\n").unwrap();
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains("audience"), "{err}");
+    }
+}

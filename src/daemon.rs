@@ -1,0 +1,158 @@
+//! The daemon's life: open the store, bind the listeners, serve one router, shut down cleanly.
+
+use std::future::IntoFuture;
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+
+use crate::api::{self, AppState};
+use crate::auth::{JwksError, Verifier};
+use crate::config::Config;
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Identity(#[from] JwksError),
+    #[error("another naryad is serving {0}; stop it first, or set listen.socket to another path")]
+    SocketInUse(PathBuf),
+    #[error("{0} exists and is not a socket; move it away or set listen.socket to another path")]
+    NotASocket(PathBuf),
+    #[error("cannot listen on the unix socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on TCP {addr}: {source}")]
+    Tcp {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot wait for shutdown signals: {0}")]
+    Signals(std::io::Error),
+    #[error("serving failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Binds the unix socket at `path`: the parent directory is created, a stale socket left by a
+/// dead daemon is replaced, a live one is refused.
+pub fn bind_unix_socket(path: &Path) -> Result<UnixListener, DaemonError> {
+    let socket_error = |source| DaemonError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(socket_error)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(DaemonError::NotASocket(path.to_owned()))
+        }
+        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => return Err(DaemonError::SocketInUse(path.to_owned())),
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                tracing::info!(socket = %path.display(), "replacing the stale socket of a daemon that is gone");
+                std::fs::remove_file(path).map_err(socket_error)?;
+            }
+            Err(e) => return Err(socket_error(e)),
+        },
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(socket_error(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(socket_error)?;
+    // Every request carries a verified token; the file mode is transport, not authorisation.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(socket_error)?;
+    Ok(listener)
+}
+
+/// Resolves when SIGTERM or SIGINT arrives.
+async fn shutdown_signal() -> Result<&'static str, DaemonError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+/// Runs the daemon until SIGTERM/SIGINT, then stops accepting, lets in-flight requests finish,
+/// removes its socket and returns.
+pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let config = Arc::new(config);
+    let store = Store::open(&config.database_path()).await?;
+    let verifier = Arc::new(Verifier::new(&config.identity)?);
+    verifier.preload().await;
+
+    let state = AppState {
+        config: config.clone(),
+        verifier,
+        store: store.clone(),
+    };
+    let router = api::router(state);
+
+    let unix = bind_unix_socket(&config.listen.socket)?;
+    let tcp = match config.listen.tcp {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| DaemonError::Tcp { addr, source })?,
+        ),
+        None => None,
+    };
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let mut servers = tokio::task::JoinSet::new();
+    tracing::info!(socket = %config.listen.socket.display(), "listening on the unix socket");
+    servers.spawn(
+        axum::serve(unix, router.clone())
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+    );
+    if let Some(tcp) = tcp {
+        tracing::info!(addr = %tcp.local_addr().map_err(DaemonError::Serve)?, "listening on TCP");
+        servers.spawn(
+            axum::serve(tcp, router)
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .into_future(),
+        );
+    }
+    tracing::info!(backend = ?config.runtime.backend, "naryad ready");
+
+    let mut result = Ok(());
+    tokio::select! {
+        signal = shutdown_signal() => {
+            let signal = signal?;
+            tracing::info!(signal, "shutting down: no new requests, finishing those in flight");
+        }
+        Some(ended) = servers.join_next() => {
+            result = match ended {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(DaemonError::Serve(e)),
+                Err(e) => Err(DaemonError::Serve(std::io::Error::other(e))),
+            };
+        }
+    }
+    let _ = stop_tx.send(true);
+    while let Some(ended) = servers.join_next().await {
+        if let Ok(Err(e)) = ended {
+            tracing::warn!(error = %e, "a listener ended with an error during shutdown");
+        }
+    }
+    if let Err(e) = std::fs::remove_file(&config.listen.socket) {
+        tracing::warn!(error = %e, "could not remove the socket file");
+    }
+    store.close().await;
+    tracing::info!("naryad stopped");
+    result
+}

@@ -1,0 +1,10 @@
+//! Narya host: a daemon that provisions development environments, and its client.
+
+pub mod api;
+pub mod auth;
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod devkeys;
+pub mod environments;
+pub mod store;

@@ -1,0 +1,334 @@
+//! The durable record of environments and GitHub installations: SQLite through sqlx, WAL,
+//! migrations embedded. Every query that reads or changes an environment is scoped by
+//! organisation; the one exception, [`Store::holder`], answers only "who holds this id".
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+
+use crate::environments::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create the state directory {path}: {source}")]
+    StateDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot open the database {path}: {source}")]
+    Open { path: String, source: sqlx::Error },
+    #[error("cannot apply the database migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database query failed: {0}")]
+    Query(#[from] sqlx::Error),
+    #[error("the database holds a value it cannot read back: {0}")]
+    Corrupt(String),
+}
+
+/// What the setup (or a failed clone) did, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetupRecord {
+    pub state: String,
+    pub step: String,
+    pub exit_code: Option<i64>,
+    pub output: String,
+    pub output_truncated: bool,
+    pub started_at: String,
+    pub finished_at: String,
+}
+
+/// One environment row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvironmentRecord {
+    pub id: String,
+    pub organisation: String,
+    pub person: String,
+    pub fingerprint: String,
+    pub setup_script: Option<String>,
+    pub repository: Option<String>,
+    pub image_digest: String,
+    /// False while provisioning; a row left false by a dead daemon has an unrecorded setup state.
+    pub setup_recorded: bool,
+    pub status: Status,
+    pub status_detail: Option<String>,
+    pub setup: Option<SetupRecord>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+const COLUMNS: &str = "id, organisation, person, fingerprint, setup_script, repository, \
+    image_digest, setup_recorded, status, status_detail, setup_state, setup_step, \
+    setup_exit_code, setup_output, setup_output_truncated, setup_started_at, setup_finished_at, \
+    created_at, updated_at";
+
+fn record_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EnvironmentRecord, StoreError> {
+    let status: String = row.try_get("status")?;
+    let setup_state: Option<String> = row.try_get("setup_state")?;
+    let setup = match setup_state {
+        None => None,
+        Some(state) => Some(SetupRecord {
+            state,
+            step: row.try_get("setup_step")?,
+            exit_code: row.try_get("setup_exit_code")?,
+            output: row
+                .try_get::<Option<String>, _>("setup_output")?
+                .unwrap_or_default(),
+            output_truncated: row
+                .try_get::<Option<bool>, _>("setup_output_truncated")?
+                .unwrap_or(false),
+            started_at: row.try_get("setup_started_at")?,
+            finished_at: row.try_get("setup_finished_at")?,
+        }),
+    };
+    Ok(EnvironmentRecord {
+        id: row.try_get("id")?,
+        organisation: row.try_get("organisation")?,
+        person: row.try_get("person")?,
+        fingerprint: row.try_get("fingerprint")?,
+        setup_script: row.try_get("setup_script")?,
+        repository: row.try_get("repository")?,
+        image_digest: row.try_get("image_digest")?,
+        setup_recorded: row.try_get("setup_recorded")?,
+        status: Status::from_str(&status).map_err(StoreError::Corrupt)?,
+        status_detail: row.try_get("status_detail")?,
+        setup,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path` and applies the embedded migrations.
+    pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::StateDir {
+                path: dir.display().to_string(),
+                source,
+            })?;
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // A recorded setup state must survive a crash of the host, not only of the daemon.
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(|source| StoreError::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+        sqlx::migrate!("src/store/migrations").run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    /// The environment `id` if `organisation` holds it.
+    pub async fn get(
+        &self,
+        organisation: &str,
+        id: &str,
+    ) -> Result<Option<EnvironmentRecord>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM environments WHERE organisation = ? AND id = ?");
+        let row = sqlx::query(&sql)
+            .bind(organisation)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(record_from_row).transpose()
+    }
+
+    /// Every environment of `organisation`, ordered by id.
+    pub async fn list(&self, organisation: &str) -> Result<Vec<EnvironmentRecord>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM environments WHERE organisation = ? ORDER BY id");
+        let rows = sqlx::query(&sql)
+            .bind(organisation)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    /// Which organisation holds `id`, if any. Used only to refuse a create, never to show.
+    pub async fn holder(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT organisation FROM environments WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("organisation")).transpose()?)
+    }
+
+    /// Inserts a new row. Fails (a unique-constraint error) when the id is held.
+    pub async fn insert(&self, record: &EnvironmentRecord) -> Result<(), StoreError> {
+        let setup = record.setup.as_ref();
+        sqlx::query(&format!(
+            "INSERT INTO environments ({COLUMNS}) VALUES \
+             (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ))
+        .bind(&record.id)
+        .bind(&record.organisation)
+        .bind(&record.person)
+        .bind(&record.fingerprint)
+        .bind(&record.setup_script)
+        .bind(&record.repository)
+        .bind(&record.image_digest)
+        .bind(record.setup_recorded)
+        .bind(record.status.as_str())
+        .bind(&record.status_detail)
+        .bind(setup.map(|s| &s.state))
+        .bind(setup.map(|s| &s.step))
+        .bind(setup.and_then(|s| s.exit_code))
+        .bind(setup.map(|s| &s.output))
+        .bind(setup.map(|s| s.output_truncated))
+        .bind(setup.map(|s| &s.started_at))
+        .bind(setup.map(|s| &s.finished_at))
+        .bind(&record.created_at)
+        .bind(&record.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Deletes `id` if `organisation` holds it; whether a row went.
+    pub async fn delete(&self, organisation: &str, id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM environments WHERE organisation = ? AND id = ?")
+            .bind(organisation)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The GitHub App installation `organisation` connected, if any.
+    pub async fn installation(&self, organisation: &str) -> Result<Option<i64>, StoreError> {
+        let row =
+            sqlx::query("SELECT installation_id FROM github_installations WHERE organisation = ?")
+                .bind(organisation)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|r| r.try_get("installation_id")).transpose()?)
+    }
+
+    /// Records (or replaces) `organisation`'s installation.
+    pub async fn connect_installation(
+        &self,
+        organisation: &str,
+        installation_id: i64,
+        at: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO github_installations (organisation, installation_id, connected_at) \
+             VALUES (?, ?, ?) ON CONFLICT (organisation) DO UPDATE SET \
+             installation_id = excluded.installation_id, connected_at = excluded.connected_at",
+        )
+        .bind(organisation)
+        .bind(installation_id)
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Closes the pool, checkpointing the WAL.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, organisation: &str) -> EnvironmentRecord {
+        EnvironmentRecord {
+            id: id.to_owned(),
+            organisation: organisation.to_owned(),
+            person: "alice".to_owned(),
+            fingerprint: crate::environments::fingerprint(Some("make"), None),
+            setup_script: Some("make".to_owned()),
+            repository: None,
+            image_digest: format!("sha256:{}", "a".repeat(64)),
+            setup_recorded: true,
+            status: Status::Unusable,
+            status_detail: None,
+            setup: Some(SetupRecord {
+                state: "failed".to_owned(),
+                step: "setup".to_owned(),
+                exit_code: Some(2),
+                output: "make: *** No targets.  Stop.\n".to_owned(),
+                output_truncated: false,
+                started_at: "2026-11-30T00:00:00Z".to_owned(),
+                finished_at: "2026-11-30T00:00:01Z".to_owned(),
+            }),
+            created_at: "2026-11-30T00:00:00Z".to_owned(),
+            updated_at: "2026-11-30T00:00:01Z".to_owned(),
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_round_trip_and_are_scoped_by_organisation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state/narya.db"))
+            .await
+            .unwrap();
+        let mine = record("demo", "acme");
+        store.insert(&mine).await.unwrap();
+        store.insert(&record("other", "globex")).await.unwrap();
+
+        assert_eq!(store.get("acme", "demo").await.unwrap(), Some(mine.clone()));
+        assert_eq!(store.get("globex", "demo").await.unwrap(), None);
+        let ids: Vec<_> = store
+            .list("acme")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, ["demo"]);
+        assert_eq!(store.holder("demo").await.unwrap().as_deref(), Some("acme"));
+        assert!(!store.delete("globex", "demo").await.unwrap());
+        assert!(store.get("acme", "demo").await.unwrap().is_some());
+        assert!(store.delete("acme", "demo").await.unwrap());
+        assert_eq!(store.holder("demo").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn an_id_is_unique_on_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+        store.insert(&record("demo", "acme")).await.unwrap();
+        assert!(store.insert(&record("demo", "globex")).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn rows_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("narya.db");
+        let store = Store::open(&path).await.unwrap();
+        store.insert(&record("demo", "acme")).await.unwrap();
+        store.close().await;
+        let store = Store::open(&path).await.unwrap();
+        assert!(store.get("acme", "demo").await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn installations_are_recorded_per_organisation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+        assert_eq!(store.installation("acme").await.unwrap(), None);
+        store.connect_installation("acme", 7, "t0").await.unwrap();
+        store.connect_installation("acme", 8, "t1").await.unwrap();
+        assert_eq!(store.installation("acme").await.unwrap(), Some(8));
+        assert_eq!(store.installation("globex").await.unwrap(), None);
+    }
+}
