@@ -15,6 +15,9 @@ pub enum DevKeyError {
     Crypto(#[from] jsonwebtoken::errors::Error),
 }
 
+/// One of jsonwebtoken's PEM readers.
+type ParsePem = fn(&[u8]) -> jsonwebtoken::errors::Result<EncodingKey>;
+
 /// A private key with the algorithm it signs with and its key id (the JWK thumbprint).
 pub struct DevKey {
     pub algorithm: Algorithm,
@@ -26,10 +29,7 @@ pub struct DevKey {
 impl DevKey {
     /// Reads a PEM private key: EC (ES256 or ES384 by curve), RSA (RS256) or Ed25519 (EdDSA).
     pub fn from_pem(pem: &[u8]) -> Result<DevKey, DevKeyError> {
-        let candidates: [(
-            Algorithm,
-            fn(&[u8]) -> jsonwebtoken::errors::Result<EncodingKey>,
-        ); 4] = [
+        let candidates: [(Algorithm, ParsePem); 4] = [
             (Algorithm::ES256, EncodingKey::from_ec_pem),
             (Algorithm::ES384, EncodingKey::from_ec_pem),
             (Algorithm::RS256, EncodingKey::from_rsa_pem),

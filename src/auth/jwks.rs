@@ -192,7 +192,7 @@ impl KeyCache {
             Source::Discovery { issuer } => self.discover(issuer).await?,
         };
         let document = self.fetch_json(&uri).await?;
-        Ok(self.parse_key_set(&uri, &document)?)
+        self.parse_key_set(&uri, &document)
     }
 
     async fn discover(&self, issuer: &str) -> Result<String, JwksError> {

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Starts (or stops) the services Narya's tests and a development host use, on private paths:
+#   containerd  unix://$NARYA_RUN_DIR/containerd.sock   (state under $NARYA_DATA_DIR/containerd)
+#   dockerd     unix://$NARYA_RUN_DIR/docker.sock       (with its own containerd)
+#   registry    http://$NARYA_REGISTRY                  (Debian's docker-registry, distribution 2.8)
+# Each is started only if it is not answering already. Needs root and the Debian packages
+# containerd, runc, docker.io and docker-registry (contrib/dev/setup.sh or .ci/run install them).
+# Under CI=true any service that does not come up is a failure; otherwise a warning.
+#
+#   contrib/dev/services.sh start | stop | env
+set -uo pipefail
+
+NARYA_RUN_DIR=${NARYA_RUN_DIR:-/run/narya-test}
+NARYA_DATA_DIR=${NARYA_DATA_DIR:-/var/lib/narya-test}
+NARYA_REGISTRY=${NARYA_REGISTRY:-127.0.0.1:5000}
+CONTAINERD_SOCK=$NARYA_RUN_DIR/containerd.sock
+DOCKER_SOCK=$NARYA_RUN_DIR/docker.sock
+LOG_DIR=$NARYA_RUN_DIR/logs
+
+failures=0
+fail() {
+  echo "services: $*" >&2
+  failures=$((failures + 1))
+}
+
+# wait_for SECONDS COMMAND...: polls COMMAND until it succeeds.
+wait_for() {
+  local deadline=$((SECONDS + $1)); shift
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -ge $deadline ] && return 1
+    sleep 0.2
+  done
+}
+
+containerd_up() { ctr --address "$CONTAINERD_SOCK" version; }
+docker_up() { docker -H "unix://$DOCKER_SOCK" version; }
+registry_up() { curl -fsS "http://$NARYA_REGISTRY/v2/"; }
+
+start_containerd() {
+  if containerd_up >/dev/null 2>&1; then echo "containerd: already answering on $CONTAINERD_SOCK"; return; fi
+  command -v containerd >/dev/null || { fail "containerd is not installed (apt-get install containerd runc)"; return; }
+  mkdir -p "$NARYA_DATA_DIR/containerd" "$NARYA_RUN_DIR/containerd-state"
+  rm -f "$CONTAINERD_SOCK"
+  # An empty config file: the package's /etc/containerd/config.toml must not leak in.
+  printf 'version = 2\n' > "$NARYA_RUN_DIR/containerd.toml"
+  setsid containerd --config "$NARYA_RUN_DIR/containerd.toml" \
+    --root "$NARYA_DATA_DIR/containerd" --state "$NARYA_RUN_DIR/containerd-state" \
+    --address "$CONTAINERD_SOCK" >"$LOG_DIR/containerd.log" 2>&1 < /dev/null &
+  echo $! > "$NARYA_RUN_DIR/containerd.pid"
+  if wait_for 30 containerd_up; then
+    echo "containerd: answering on $CONTAINERD_SOCK"
+  else
+    fail "containerd did not answer on $CONTAINERD_SOCK within 30 s; see $LOG_DIR/containerd.log"
+    tail -n 20 "$LOG_DIR/containerd.log" >&2
+  fi
+}
+
+start_dockerd() {
+  if docker_up >/dev/null 2>&1; then echo "dockerd: already answering on $DOCKER_SOCK"; return; fi
+  command -v dockerd >/dev/null || { fail "dockerd is not installed (apt-get install docker.io)"; return; }
+  mkdir -p "$NARYA_DATA_DIR/docker" "$NARYA_RUN_DIR/docker-exec"
+  rm -f "$DOCKER_SOCK"
+  setsid dockerd --data-root "$NARYA_DATA_DIR/docker" --exec-root "$NARYA_RUN_DIR/docker-exec" \
+    -H "unix://$DOCKER_SOCK" --pidfile "$NARYA_RUN_DIR/docker.pid" \
+    --iptables=false --ip-masq=false --bridge=none \
+    >"$LOG_DIR/dockerd.log" 2>&1 < /dev/null &
+  if wait_for 60 docker_up; then
+    echo "dockerd: answering on $DOCKER_SOCK"
+  else
+    fail "dockerd did not answer on $DOCKER_SOCK within 60 s; see $LOG_DIR/dockerd.log"
+    tail -n 20 "$LOG_DIR/dockerd.log" >&2
+  fi
+}
+
+start_registry() {
+  if registry_up >/dev/null 2>&1; then echo "registry: already answering on $NARYA_REGISTRY"; return; fi
+  command -v docker-registry >/dev/null || { fail "docker-registry is not installed (apt-get install docker-registry)"; return; }
+  mkdir -p "$NARYA_DATA_DIR/registry"
+  cat > "$NARYA_RUN_DIR/registry.yml" <<YAML
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $NARYA_DATA_DIR/registry
+  delete:
+    enabled: true
+http:
+  addr: $NARYA_REGISTRY
+YAML
+  setsid docker-registry serve "$NARYA_RUN_DIR/registry.yml" >"$LOG_DIR/registry.log" 2>&1 < /dev/null &
+  echo $! > "$NARYA_RUN_DIR/registry.pid"
+  if wait_for 30 registry_up; then
+    echo "registry: answering on http://$NARYA_REGISTRY"
+  else
+    fail "the registry did not answer on $NARYA_REGISTRY within 30 s; see $LOG_DIR/registry.log"
+    tail -n 20 "$LOG_DIR/registry.log" >&2
+  fi
+}
+
+stop_pidfile() {
+  local file=$1
+  [ -f "$file" ] || return 0
+  local pid; pid=$(cat "$file")
+  kill "$pid" 2>/dev/null && wait_for 20 sh -c "! kill -0 $pid"
+  rm -f "$file"
+}
+
+case "${1:-start}" in
+  start)
+    mkdir -p "$NARYA_RUN_DIR" "$LOG_DIR"
+    start_containerd
+    start_dockerd
+    start_registry
+    ;;
+  stop)
+    stop_pidfile "$NARYA_RUN_DIR/docker.pid"
+    stop_pidfile "$NARYA_RUN_DIR/registry.pid"
+    stop_pidfile "$NARYA_RUN_DIR/containerd.pid"
+    ;;
+  env)
+    echo "export NARYA_TEST_CONTAINERD_SOCKET=$CONTAINERD_SOCK"
+    echo "export NARYA_TEST_DOCKER_SOCKET=$DOCKER_SOCK"
+    echo "export NARYA_TEST_REGISTRY=$NARYA_REGISTRY"
+    exit 0
+    ;;
+  *)
+    echo "usage: $0 start|stop|env" >&2
+    exit 2
+    ;;
+esac
+
+if [ "$failures" -gt 0 ]; then
+  if [ "${CI:-}" = "true" ]; then
+    echo "services: $failures service(s) failed to start; under CI=true that fails the run" >&2
+    exit 1
+  fi
+  echo "services: $failures service(s) not running; tests that need them will skip (never under CI=true)" >&2
+fi
+exit 0

@@ -1,0 +1,199 @@
+//! Test support: an identity-provider double, keys, and a real `naryad` on temporary listeners.
+#![allow(dead_code)]
+
+pub mod idp;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use narya::client::{Client, Endpoint};
+use narya::devkeys::DevKey;
+
+/// A private key made by `openssl`, with its PEM files.
+pub struct TestKey {
+    pub dev: DevKey,
+    pub private_pem: Vec<u8>,
+    pub public_pem: Vec<u8>,
+    pub private_path: PathBuf,
+}
+
+/// Makes a key with `openssl genpkey`; `kind` is "RSA" or "P-256".
+pub fn make_key(dir: &Path, name: &str, kind: &str) -> TestKey {
+    let private_path = dir.join(format!("{name}.pem"));
+    let mut cmd = Command::new("openssl");
+    cmd.arg("genpkey");
+    match kind {
+        "RSA" => cmd.args(["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"]),
+        "P-256" => cmd.args(["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]),
+        other => panic!("unknown key kind {other}"),
+    };
+    let status = cmd
+        .arg("-out")
+        .arg(&private_path)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(status.success(), "openssl genpkey failed");
+    let public = Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(&private_path)
+        .output()
+        .expect("openssl runs");
+    assert!(public.status.success());
+    let private_pem = std::fs::read(&private_path).unwrap();
+    TestKey {
+        dev: DevKey::from_pem(&private_pem).expect("openssl's key is usable"),
+        private_pem,
+        public_pem: public.stdout,
+        private_path,
+    }
+}
+
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A `naryad` process on a temporary socket and a loopback TCP port.
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub tcp: String,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+}
+
+/// A free loopback port (bound then released; the daemon binds it right after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Daemon {
+    /// Starts `naryad` with an `[identity]` section (and anything else) given as TOML.
+    pub fn start(identity_toml: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("run/narya.sock");
+        Daemon::start_at(dir, socket, identity_toml)
+    }
+
+    pub fn start_at(dir: tempfile::TempDir, socket: PathBuf, identity_toml: &str) -> Daemon {
+        let tcp = format!("127.0.0.1:{}", free_port());
+        let config_path = dir.path().join("naryad.toml");
+        let config = format!(
+            "state_dir = {state:?}\n\n[listen]\nsocket = {socket:?}\ntcp = {tcp:?}\n\n{identity_toml}\n",
+            state = dir.path().join("state").display().to_string(),
+            socket = socket.display().to_string(),
+        );
+        std::fs::write(&config_path, config).unwrap();
+        let log_path = dir.path().join("naryad.log");
+        let child = Daemon::spawn(&config_path, &log_path);
+        let mut daemon = Daemon {
+            dir,
+            socket,
+            tcp,
+            config_path,
+            log_path,
+            child: Some(child),
+        };
+        daemon.wait_ready();
+        daemon
+    }
+
+    pub fn spawn(config_path: &Path, log_path: &Path) -> Child {
+        let log = std::fs::File::create(log_path).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_naryad"))
+            .arg("--config")
+            .arg(config_path)
+            .env("RUST_LOG", "narya=debug,info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("naryad starts")
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let unix_up = std::os::unix::net::UnixStream::connect(&self.socket).is_ok();
+            let tcp_up = std::net::TcpStream::connect(&self.tcp).is_ok();
+            if unix_up && tcp_up {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "naryad exited with {status} before serving:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "naryad did not start listening in 20 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub fn unix(&self, token: Option<&str>) -> Client {
+        Client::new(
+            Endpoint::Unix(self.socket.clone()),
+            token.map(str::to_owned),
+        )
+    }
+
+    pub fn tcp(&self, token: Option<&str>) -> Client {
+        Client::new(Endpoint::Tcp(self.tcp.clone()), token.map(str::to_owned))
+    }
+
+    /// Both transports, named, for tests that must hold on each.
+    pub fn transports(&self, token: Option<&str>) -> [(&'static str, Client); 2] {
+        [("unix", self.unix(token)), ("tcp", self.tcp(token))]
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "naryad ignored SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
