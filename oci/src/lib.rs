@@ -1,6 +1,7 @@
 //! OCI vocabulary for Narya host: content digests and image references, parsed and validated.
 
 mod digest;
+pub mod manifest;
 mod reference;
 
 pub use digest::{Digest, DigestError};
