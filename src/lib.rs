@@ -2,8 +2,10 @@
 
 pub mod api;
 pub mod auth;
+pub mod backend;
 pub mod client;
 pub mod config;
+pub mod conformance;
 pub mod daemon;
 pub mod devkeys;
 pub mod environments;

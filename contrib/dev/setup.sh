@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a development host on Debian bookworm and runs naryad with embedded defaults:
 # the packages, containerd/dockerd/registry (contrib/dev/services.sh), the binaries in
-# /usr/local/bin, a development identity key whose key set naryad reads from a file, a
+# /usr/local/bin, the official image as an OCI layout in /var/lib/narya/images/official
+# (built once, reused), a development identity key whose key set naryad reads from a file, a
 # configuration at /etc/narya/naryad.toml (kept if present), the daemon in the background,
 # and a 24-hour development token. Run as root from the repository; safe to run again.
 set -euo pipefail
@@ -29,6 +30,9 @@ echo "== build"
 cargo build --release --bins --locked
 target=${CARGO_TARGET_DIR:-target}
 install -m 0755 "$target/release/naryad" "$target/release/narya" /usr/local/bin/
+
+echo "== official image"
+NARYAD=/usr/local/bin/naryad contrib/image/build.sh /var/lib/narya/images/official
 
 echo "== development identity"
 mkdir -p "$DEV_DIR"

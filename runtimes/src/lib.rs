@@ -11,6 +11,12 @@ use std::time::Duration;
 
 use narya_oci::{Digest, ImageReference};
 
+pub mod conformance;
+pub mod containerd;
+pub mod fetch;
+pub mod host;
+pub mod output;
+
 /// The label every Narya machine carries, valued with its environment id.
 pub const LABEL_ENVIRONMENT: &str = "dev.narya.environment";
 /// The label carrying the pinned manifest digest a machine was made from.
@@ -107,7 +113,8 @@ pub struct ProcessSpec {
 /// A short-lived container of the official image over a workspace, removed afterwards.
 #[derive(Clone, Debug)]
 pub struct ThrowawaySpec {
-    /// A name unique among running throwaways (e.g. `{environment}-clone`).
+    /// The container's name, unique among running throwaways (e.g. `{environment}-clone`);
+    /// no container of that name exists once `run_throwaway` returns.
     pub name: String,
     pub image: PinnedImage,
     pub workspace: PathBuf,

@@ -1,43 +1,109 @@
-//! `naryad`: the Narya host daemon.
+//! `naryad`: the Narya host daemon, and the offline tools that go with it (`pack-image`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use narya::config::{Config, DEFAULT_CONFIG_PATH};
+use narya_oci::layout::{self, PackOptions};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
 
 /// The Narya host daemon: provisions development environments on this machine.
+///
+/// Without a subcommand it serves, configured by `--config` (or `NARYA_CONFIG`).
 #[derive(Parser)]
 #[command(name = "naryad", version)]
 struct Args {
     /// The TOML configuration file.
-    #[arg(long, env = "NARYA_CONFIG", default_value = DEFAULT_CONFIG_PATH)]
+    #[arg(long, global = true, env = "NARYA_CONFIG", default_value = DEFAULT_CONFIG_PATH)]
     config: PathBuf,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the runtime conformance suite against the configured back end.
+    Conformance,
+    /// Pack a rootfs tar into an OCI image layout and print the manifest digest on stdout.
+    PackImage(PackImageArgs),
+}
+
+#[derive(clap::Args)]
+struct PackImageArgs {
+    /// The uncompressed rootfs tar (as mmdebstrap writes it).
+    #[arg(long, value_name = "ROOTFS.tar")]
+    rootfs: PathBuf,
+    /// The directory to write the OCI image layout into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Also write the layout as an oci-archive tar here.
+    #[arg(long, value_name = "FILE")]
+    archive: Option<PathBuf>,
+    /// The name of the manifest in index.json (`oci:DIR:TAG`).
+    #[arg(long, default_value = "official")]
+    tag: String,
+    /// The `uid:gid` the image's processes run as.
+    #[arg(long, default_value = "1000:1000")]
+    user: String,
+    /// The working directory, also the user's HOME.
+    #[arg(long, default_value = "/workspace")]
+    workdir: String,
+    /// The image's creation time, RFC 3339 [default: from SOURCE_DATE_EPOCH, else the epoch].
+    #[arg(long, value_name = "RFC3339", value_parser = parse_rfc3339)]
+    created: Option<String>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    match args.command {
+        None => serve(args.config),
+        Some(Command::Conformance) => conformance(args.config),
+        Some(Command::PackImage(pack)) => pack_image(pack),
+    }
+}
+
+/// Logging to stderr (`RUST_LOG` filters, `default` otherwise), the configuration, and an async
+/// runtime: what serving and the conformance run both start with. Errors are printed here.
+fn start(config_path: &Path, default: &str) -> Result<(Config, tokio::runtime::Runtime), ExitCode> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .init();
+    let config = Config::load(config_path).map_err(|e| {
+        eprintln!("naryad: {e}");
+        ExitCode::from(2)
+    })?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| {
+        eprintln!("naryad: cannot start the async runtime: {e}");
+        ExitCode::FAILURE
+    })?;
+    Ok((config, runtime))
+}
 
-    let config = match Config::load(&args.config) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("naryad: {e}");
-            return ExitCode::from(2);
-        }
+fn conformance(config_path: PathBuf) -> ExitCode {
+    let (config, runtime) = match start(&config_path, "warn") {
+        Ok(started) => started,
+        Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
+    match runtime.block_on(narya::conformance::run(&config)) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("naryad: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            eprintln!("naryad conformance: {e}");
+            ExitCode::FAILURE
         }
+    }
+}
+
+fn serve(config_path: PathBuf) -> ExitCode {
+    let (config, runtime) = match start(&config_path, "info") {
+        Ok(started) => started,
+        Err(code) => return code,
     };
     match runtime.block_on(narya::daemon::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -47,4 +113,61 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn pack_image(args: PackImageArgs) -> ExitCode {
+    let created = match args.created {
+        Some(created) => created,
+        None => match created_from_environment() {
+            Ok(created) => created,
+            Err(e) => {
+                eprintln!("naryad pack-image: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let options = PackOptions {
+        tag: args.tag,
+        user: args.user,
+        workdir: args.workdir,
+        created,
+    };
+    let digest = match layout::pack(&args.rootfs, &args.out, &options) {
+        Ok(digest) => digest,
+        Err(e) => {
+            eprintln!("naryad pack-image: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(archive) = &args.archive {
+        if let Err(e) = layout::write_archive(&args.out, archive) {
+            eprintln!("naryad pack-image: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    println!("{digest}");
+    ExitCode::SUCCESS
+}
+
+/// The creation time reproducible builds agree on: `SOURCE_DATE_EPOCH` when set, else the epoch.
+fn created_from_environment() -> Result<String, String> {
+    let seconds = match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(value) => value.trim().parse::<i64>().map_err(|_| {
+            format!("SOURCE_DATE_EPOCH={value:?} is not a number of seconds; unset it or pass --created")
+        })?,
+        Err(_) => 0,
+    };
+    let time = OffsetDateTime::from_unix_timestamp(seconds)
+        .map_err(|e| format!("SOURCE_DATE_EPOCH={seconds} is out of range: {e}"))?;
+    time.format(&Rfc3339)
+        .map_err(|e| format!("cannot format SOURCE_DATE_EPOCH={seconds}: {e}"))
+}
+
+/// Accepts any RFC 3339 time and writes it in UTC, so equal instants give equal images.
+fn parse_rfc3339(value: &str) -> Result<String, String> {
+    let time = OffsetDateTime::parse(value, &Rfc3339)
+        .map_err(|e| format!("not an RFC 3339 time such as 2025-05-20T00:00:00Z: {e}"))?;
+    time.to_offset(time::UtcOffset::UTC)
+        .format(&Rfc3339)
+        .map_err(|e| format!("cannot write {value:?} as RFC 3339: {e}"))
 }

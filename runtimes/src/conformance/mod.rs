@@ -1,0 +1,112 @@
+//! The runtime conformance suite: the semantics of the `Runtime` trait, checked against a live
+//! runtime. Public so that any back end can run it; each case is named and reports passed,
+//! skipped with a reason, or failed with what was seen.
+
+mod cases;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use crate::{ImageSource, Network, Runtime, User};
+
+/// What the suite needs besides the runtime under test.
+pub struct Fixture {
+    /// The official image (or any image with `/bin/sh`, `sleep`, `tini` and coreutils).
+    pub image: ImageSource,
+    /// A host directory the suite may fill with workspaces; it must exist.
+    pub scratch: PathBuf,
+    pub user: User,
+    pub network: Network,
+    /// Where workspaces are mounted inside machines.
+    pub mount_point: String,
+    /// Prefixes every machine the suite makes, so parallel runs do not meet.
+    pub prefix: String,
+    /// The same back end pointed at a socket nobody listens on.
+    pub unreachable: Option<std::sync::Arc<dyn Runtime>>,
+}
+
+/// The outcome of one case.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Passed,
+    Skipped(String),
+    Failed(String),
+}
+
+/// One case's report.
+#[derive(Clone, Debug)]
+pub struct CaseReport {
+    pub group: &'static str,
+    pub name: &'static str,
+    pub verdict: Verdict,
+    pub duration: Duration,
+}
+
+impl std::fmt::Display for CaseReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.duration.as_millis();
+        match &self.verdict {
+            Verdict::Passed => write!(f, "pass  {}/{} ({ms} ms)", self.group, self.name),
+            Verdict::Skipped(why) => write!(f, "skip  {}/{}: {why}", self.group, self.name),
+            Verdict::Failed(why) => {
+                write!(f, "FAIL  {}/{} ({ms} ms): {why}", self.group, self.name)
+            }
+        }
+    }
+}
+
+type CaseFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Outcome>> + Send + 'a>>;
+type CaseFn = for<'a> fn(&'a Context<'a>) -> CaseFuture<'a>;
+
+/// How a case ended other than passing.
+#[derive(Debug)]
+pub enum Outcome {
+    Skip(String),
+    Fail(String),
+}
+
+impl<E: std::fmt::Display> From<E> for Outcome {
+    fn from(e: E) -> Self {
+        Outcome::Fail(e.to_string())
+    }
+}
+
+/// What a case sees.
+pub struct Context<'a> {
+    pub runtime: &'a dyn Runtime,
+    pub fixture: &'a Fixture,
+    pub case: &'static str,
+}
+
+/// Every case, grouped by what it checks.
+pub fn cases() -> Vec<(&'static str, &'static str, CaseFn)> {
+    cases::all()
+}
+
+/// Runs every case against `runtime`, one after another, and reports each.
+pub async fn run(runtime: &dyn Runtime, fixture: &Fixture) -> Vec<CaseReport> {
+    let mut reports = Vec::new();
+    for (group, name, case) in cases() {
+        let context = Context {
+            runtime,
+            fixture,
+            case: name,
+        };
+        let started = Instant::now();
+        let verdict = match case(&context).await {
+            Ok(()) => Verdict::Passed,
+            Err(Outcome::Skip(why)) => Verdict::Skipped(why),
+            Err(Outcome::Fail(why)) => Verdict::Failed(why),
+        };
+        cases::clean_up(&context).await;
+        reports.push(CaseReport {
+            group,
+            name,
+            verdict,
+            duration: started.elapsed(),
+        });
+    }
+    reports
+}

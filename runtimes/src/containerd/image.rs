@@ -1,0 +1,493 @@
+//! Pulling the official image into containerd ourselves (containerd 1.6 has no transfer
+//! service): content written under a lease with GC labels, an image record as the GC root,
+//! each layer unpacked into a committed snapshot named by its chain id, diff ids verified.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use containerd_client::services::v1::snapshots::{
+    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+};
+use containerd_client::services::v1::{
+    ApplyRequest, CreateImageRequest, GetImageRequest, Image, Info, InfoRequest,
+    ReadContentRequest, UpdateRequest, WriteAction, WriteContentRequest,
+};
+use containerd_client::services::v1::{CreateRequest as CreateLease, DeleteRequest as DeleteLease};
+use containerd_client::types::Descriptor as GrpcDescriptor;
+use futures_util::StreamExt;
+use narya_oci::manifest::{chain_ids, Descriptor, ImageConfig, ImageManifest};
+use narya_oci::Digest;
+
+use super::client::{classify, is_not_found};
+use super::Containerd;
+use crate::{ImageSource, PinnedImage, Result, RuntimeError};
+
+/// What a machine needs of its image once it is local.
+#[derive(Clone, Debug)]
+pub(crate) struct LocalImage {
+    pub name: String,
+    pub config: ImageConfig,
+    /// The chain id of the top layer: the parent of every machine's snapshot.
+    pub top_chain: Digest,
+}
+
+const WRITE_CHUNK: usize = 1 << 20;
+
+/// The containerd image name for a pinned digest; the name itself pins it.
+pub(crate) fn image_name(digest: &Digest) -> String {
+    format!("narya.local/official@{digest}")
+}
+
+fn descriptor(d: &Descriptor) -> GrpcDescriptor {
+    GrpcDescriptor {
+        media_type: d.media_type.clone(),
+        digest: d.digest.to_string(),
+        size: i64::try_from(d.size).unwrap_or(i64::MAX),
+        annotations: HashMap::new(),
+    }
+}
+
+fn nonce() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!("{}-{nanos}", std::process::id())
+}
+
+impl Containerd {
+    pub(crate) async fn ensure_image_impl(&self, source: &ImageSource) -> Result<PinnedImage> {
+        let digest = match &source.pinned {
+            Some(d) => d.clone(),
+            None => self.fetcher.resolve(&source.reference).await?,
+        };
+        let pinned = PinnedImage {
+            reference: source.reference.clone(),
+            digest: digest.clone(),
+        };
+        // One pull at a time in this process; other processes race safely through
+        // AlreadyExists below.
+        let _guard = self.pull_lock.lock().await;
+        if self.local_image(&digest).await.is_ok() {
+            return Ok(pinned);
+        }
+        tracing::info!(%digest, reference = %source.reference, "pulling the official image into containerd");
+        let lease = format!("narya-pull-{}", nonce());
+        let expire =
+            humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(3600))
+                .to_string();
+        self.conn
+            .leases()
+            .create(self.conn.request(CreateLease {
+                id: lease.clone(),
+                labels: HashMap::from([("containerd.io/gc.expire".to_owned(), expire)]),
+            }))
+            .await
+            .map_err(|e| classify("creating a lease", e))?;
+        let outcome = self.pull(&source.reference, &digest, &lease).await;
+        let _ = self
+            .conn
+            .leases()
+            .delete(self.conn.request(DeleteLease {
+                id: lease,
+                sync: false,
+            }))
+            .await;
+        outcome?;
+        self.local_image(&digest).await?;
+        Ok(pinned)
+    }
+
+    async fn pull(
+        &self,
+        reference: &narya_oci::ImageReference,
+        digest: &Digest,
+        lease: &str,
+    ) -> Result<()> {
+        let (manifest, manifest_bytes) = self.fetcher.manifest(reference, digest).await?;
+        let (config, config_bytes) = self.fetcher.config(reference, &manifest).await?;
+        if config.rootfs.diff_ids.len() != manifest.layers.len() {
+            return Err(RuntimeError::Image(format!(
+                "image {digest}: the config lists {} diff ids for {} layers",
+                config.rootfs.diff_ids.len(),
+                manifest.layers.len()
+            )));
+        }
+        let chain = chain_ids(&config.rootfs.diff_ids);
+        let top_chain = chain
+            .last()
+            .ok_or_else(|| RuntimeError::Image(format!("image {digest} has no layers")))?;
+
+        for (layer, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
+            let labels =
+                HashMap::from([("containerd.io/uncompressed".to_owned(), diff_id.to_string())]);
+            if !self.has_content(&layer.digest, &labels).await? {
+                let bytes = self.fetcher.blob(reference, layer).await?;
+                self.write_content(&layer.digest, &bytes, labels, lease)
+                    .await?;
+            }
+        }
+        let config_labels = HashMap::from([(
+            format!("containerd.io/gc.ref.snapshot.{}", self.snapshotter),
+            top_chain.to_string(),
+        )]);
+        if !self
+            .has_content(&manifest.config.digest, &config_labels)
+            .await?
+        {
+            self.write_content(&manifest.config.digest, &config_bytes, config_labels, lease)
+                .await?;
+        }
+        let mut manifest_labels = HashMap::from([(
+            "containerd.io/gc.ref.content.config".to_owned(),
+            manifest.config.digest.to_string(),
+        )]);
+        for (i, layer) in manifest.layers.iter().enumerate() {
+            manifest_labels.insert(
+                format!("containerd.io/gc.ref.content.l.{i}"),
+                layer.digest.to_string(),
+            );
+        }
+        if !self.has_content(digest, &manifest_labels).await? {
+            self.write_content(digest, &manifest_bytes, manifest_labels, lease)
+                .await?;
+        }
+
+        self.unpack(&manifest, &config, &chain, lease).await?;
+
+        let media_type = manifest
+            .media_type
+            .clone()
+            .unwrap_or_else(|| narya_oci::manifest::MEDIA_TYPE_OCI_MANIFEST.to_owned());
+        let image = Image {
+            name: image_name(digest),
+            labels: HashMap::from([("dev.narya.image".to_owned(), reference.to_string())]),
+            target: Some(GrpcDescriptor {
+                media_type,
+                digest: digest.to_string(),
+                size: i64::try_from(manifest_bytes.len()).unwrap_or(i64::MAX),
+                annotations: HashMap::new(),
+            }),
+            created_at: None,
+            updated_at: None,
+        };
+        match self
+            .conn
+            .images()
+            .create(self.conn.leased(
+                CreateImageRequest {
+                    image: Some(image),
+                    source_date_epoch: None,
+                },
+                lease,
+            ))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == tonic::Code::AlreadyExists => Ok(()),
+            Err(e) => Err(classify("creating the image record", e)),
+        }
+    }
+
+    /// Whether the content store has `digest`; when it does, makes sure it carries `labels`.
+    async fn has_content(&self, digest: &Digest, labels: &HashMap<String, String>) -> Result<bool> {
+        let info = match self
+            .conn
+            .content()
+            .info(self.conn.request(InfoRequest {
+                digest: digest.to_string(),
+            }))
+            .await
+        {
+            Ok(r) => r.into_inner().info,
+            Err(e) if is_not_found(&e) => return Ok(false),
+            Err(e) => return Err(classify("reading content info", e)),
+        };
+        let Some(info) = info else { return Ok(false) };
+        if labels.iter().all(|(k, v)| info.labels.get(k) == Some(v)) {
+            return Ok(true);
+        }
+        self.conn
+            .content()
+            .update(self.conn.request(UpdateRequest {
+                info: Some(Info {
+                    digest: digest.to_string(),
+                    labels: labels.clone(),
+                    ..Default::default()
+                }),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: labels.keys().map(|k| format!("labels.{k}")).collect(),
+                }),
+            }))
+            .await
+            .map_err(|e| classify("labelling content", e))?;
+        Ok(true)
+    }
+
+    /// Writes `bytes` as `digest` through Content.Write's lock-step stream; containerd checks
+    /// the digest on commit. A blob that appeared meanwhile is fine.
+    async fn write_content(
+        &self,
+        digest: &Digest,
+        bytes: &[u8],
+        labels: HashMap<String, String>,
+        lease: &str,
+    ) -> Result<()> {
+        let reference = format!("narya-{}-{}", digest.hex(), nonce());
+        let total = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
+        let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(2);
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        let mut messages = Vec::new();
+        let mut offset = 0usize;
+        for chunk in bytes.chunks(WRITE_CHUNK) {
+            messages.push(WriteContentRequest {
+                action: WriteAction::Write as i32,
+                r#ref: reference.clone(),
+                total,
+                expected: digest.to_string(),
+                offset: i64::try_from(offset).unwrap_or(i64::MAX),
+                data: chunk.to_vec(),
+                labels: HashMap::new(),
+            });
+            offset += chunk.len();
+        }
+        messages.push(WriteContentRequest {
+            action: WriteAction::Commit as i32,
+            r#ref: reference,
+            total,
+            expected: digest.to_string(),
+            offset: total,
+            data: Vec::new(),
+            labels,
+        });
+        let mut messages = messages.into_iter();
+        // The first message is queued before the call: containerd answers nothing until it
+        // has one, and the call does not return until it answers.
+        if let Some(first) = messages.next() {
+            let _ = tx.send(first).await;
+        }
+        let mut responses = match self
+            .conn
+            .content()
+            .write(self.conn.leased(stream, lease))
+            .await
+        {
+            Ok(r) => r.into_inner(),
+            Err(e) if e.code() == tonic::Code::AlreadyExists => return Ok(()),
+            Err(e) => return Err(classify(&format!("writing {digest}"), e)),
+        };
+        loop {
+            match responses.next().await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) if e.code() == tonic::Code::AlreadyExists => return Ok(()),
+                Some(Err(e)) => return Err(classify(&format!("writing {digest}"), e)),
+                None => break,
+            }
+            match messages.next() {
+                Some(m) => {
+                    if tx.send(m).await.is_err() {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        drop(tx);
+        // Drain whatever is left so the stream ends cleanly.
+        while let Some(r) = responses.next().await {
+            if let Err(e) = r {
+                if e.code() != tonic::Code::AlreadyExists {
+                    return Err(classify(&format!("committing {digest}"), e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies each layer onto its parent's snapshot and commits it under its chain id.
+    async fn unpack(
+        &self,
+        manifest: &ImageManifest,
+        config: &ImageConfig,
+        chain: &[Digest],
+        lease: &str,
+    ) -> Result<()> {
+        let mut parent = String::new();
+        for (i, layer) in manifest.layers.iter().enumerate() {
+            let chain_id = chain[i].to_string();
+            let exists = self
+                .conn
+                .snapshots()
+                .stat(self.conn.request(StatSnapshotRequest {
+                    snapshotter: self.snapshotter.clone(),
+                    key: chain_id.clone(),
+                }))
+                .await;
+            match exists {
+                Ok(_) => {
+                    parent = chain_id;
+                    continue;
+                }
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(classify("checking a layer snapshot", e)),
+            }
+            let key = format!("narya-extract-{}-{}", nonce(), chain[i].hex());
+            let mounts = self
+                .conn
+                .snapshots()
+                .prepare(self.conn.leased(
+                    PrepareSnapshotRequest {
+                        snapshotter: self.snapshotter.clone(),
+                        key: key.clone(),
+                        parent: parent.clone(),
+                        labels: HashMap::new(),
+                    },
+                    lease,
+                ))
+                .await
+                .map_err(|e| classify("preparing a layer snapshot", e))?
+                .into_inner()
+                .mounts;
+            let applied = self
+                .conn
+                .diff()
+                .apply(self.conn.leased(
+                    ApplyRequest {
+                        diff: Some(descriptor(layer)),
+                        mounts,
+                        payloads: HashMap::new(),
+                        sync_fs: false,
+                    },
+                    lease,
+                ))
+                .await;
+            let verdict = match applied {
+                Ok(r) => match r.into_inner().applied {
+                    Some(d) if d.digest == config.rootfs.diff_ids[i].to_string() => Ok(()),
+                    Some(d) => Err(RuntimeError::Image(format!(
+                        "layer {} unpacked to {}, but the image config names diff id {}",
+                        layer.digest, d.digest, config.rootfs.diff_ids[i]
+                    ))),
+                    None => Err(RuntimeError::Image(format!(
+                        "containerd applied layer {} without saying what it applied",
+                        layer.digest
+                    ))),
+                },
+                Err(e) => Err(classify(&format!("applying layer {}", layer.digest), e)),
+            };
+            if let Err(e) = verdict {
+                self.remove_snapshot(&key).await;
+                return Err(e);
+            }
+            let committed = self
+                .conn
+                .snapshots()
+                .commit(self.conn.leased(
+                    CommitSnapshotRequest {
+                        snapshotter: self.snapshotter.clone(),
+                        name: chain_id.clone(),
+                        key: key.clone(),
+                        labels: HashMap::new(),
+                    },
+                    lease,
+                ))
+                .await;
+            match committed {
+                Ok(_) => {}
+                // Another process committed the same layer meanwhile: theirs is as good.
+                Err(e) if e.code() == tonic::Code::AlreadyExists => {
+                    self.remove_snapshot(&key).await
+                }
+                Err(e) => {
+                    self.remove_snapshot(&key).await;
+                    return Err(classify("committing a layer snapshot", e));
+                }
+            }
+            parent = chain_id;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn remove_snapshot(&self, key: &str) {
+        let _ = self
+            .conn
+            .snapshots()
+            .remove(self.conn.request(RemoveSnapshotRequest {
+                snapshotter: self.snapshotter.clone(),
+                key: key.to_owned(),
+            }))
+            .await;
+    }
+
+    /// The image already in containerd under `digest`, with its config and top snapshot, if
+    /// every part of it is there.
+    pub(crate) async fn local_image(&self, digest: &Digest) -> Result<LocalImage> {
+        if let Some(found) = self.images.lock().await.get(digest) {
+            return Ok(found.clone());
+        }
+        let name = image_name(digest);
+        self.conn
+            .images()
+            .get(self.conn.request(GetImageRequest { name: name.clone() }))
+            .await
+            .map_err(|e| classify(&format!("looking up image {digest}"), e))?;
+        let manifest_bytes = self.read_content(digest).await?;
+        let manifest: ImageManifest = serde_json::from_slice(&manifest_bytes)
+            .map_err(|e| RuntimeError::Image(format!("stored manifest {digest}: {e}")))?;
+        let config_bytes = self.read_content(&manifest.config.digest).await?;
+        let config: ImageConfig = serde_json::from_slice(&config_bytes).map_err(|e| {
+            RuntimeError::Image(format!("stored config {}: {e}", manifest.config.digest))
+        })?;
+        let top_chain = chain_ids(&config.rootfs.diff_ids)
+            .pop()
+            .ok_or_else(|| RuntimeError::Image(format!("image {digest} has no layers")))?;
+        self.conn
+            .snapshots()
+            .stat(self.conn.request(StatSnapshotRequest {
+                snapshotter: self.snapshotter.clone(),
+                key: top_chain.to_string(),
+            }))
+            .await
+            .map_err(|e| classify("checking the image's top snapshot", e))?;
+        let local = LocalImage {
+            name,
+            config,
+            top_chain,
+        };
+        self.images
+            .lock()
+            .await
+            .insert(digest.clone(), local.clone());
+        Ok(local)
+    }
+
+    /// Reads a whole blob from the content store, verified.
+    async fn read_content(&self, digest: &Digest) -> Result<Vec<u8>> {
+        let mut stream = self
+            .conn
+            .content()
+            .read(self.conn.request(ReadContentRequest {
+                digest: digest.to_string(),
+                offset: 0,
+                size: 0,
+            }))
+            .await
+            .map_err(|e| classify(&format!("reading {digest}"), e))?
+            .into_inner();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| classify(&format!("reading {digest}"), e))?;
+            bytes.extend_from_slice(&chunk.data);
+        }
+        if !digest.verifies(&bytes) {
+            return Err(RuntimeError::Image(format!(
+                "content {digest} in containerd does not match its digest"
+            )));
+        }
+        Ok(bytes)
+    }
+}

@@ -1,0 +1,168 @@
+//! Combined process output: the tail kept within a limit, read from a FIFO the runtime writes.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::task::JoinHandle;
+
+/// Keeps the last `limit` bytes written to it and whether anything was dropped.
+#[derive(Debug)]
+pub struct TailBuffer {
+    limit: usize,
+    bytes: VecDeque<u8>,
+    truncated: bool,
+}
+
+impl TailBuffer {
+    pub fn new(limit: usize) -> TailBuffer {
+        TailBuffer {
+            limit,
+            bytes: VecDeque::with_capacity(limit.min(64 * 1024)),
+            truncated: false,
+        }
+    }
+
+    pub fn push(&mut self, chunk: &[u8]) {
+        let chunk = if chunk.len() > self.limit {
+            self.truncated = true;
+            &chunk[chunk.len() - self.limit..]
+        } else {
+            chunk
+        };
+        let overflow = (self.bytes.len() + chunk.len()).saturating_sub(self.limit);
+        if overflow > 0 {
+            self.truncated = true;
+            self.bytes.drain(..overflow);
+        }
+        self.bytes.extend(chunk);
+    }
+
+    /// The kept bytes and whether earlier ones were dropped.
+    pub fn finish(self) -> (Vec<u8>, bool) {
+        (self.bytes.into(), self.truncated)
+    }
+}
+
+/// A named pipe the runtime writes a process's stdout and stderr into, read as it is written.
+pub struct OutputFifo {
+    path: PathBuf,
+    reader: Option<JoinHandle<TailBuffer>>,
+    /// Our own write end, held until the runtime has opened its own: a FIFO with no writer
+    /// reads as ended, and the reader would stop before the process started.
+    placeholder: Option<std::fs::File>,
+}
+
+impl OutputFifo {
+    /// Makes the FIFO at `path` and starts reading it. The read end is opened before the
+    /// runtime opens the write end, so nothing the process writes is lost.
+    pub fn create(path: &Path, limit: usize) -> std::io::Result<OutputFifo> {
+        let _ = std::fs::remove_file(path);
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(std::io::Error::from)?;
+        let mut receiver = tokio::net::unix::pipe::OpenOptions::new().open_receiver(path)?;
+        let placeholder = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+                .open(path)?
+        };
+        let reader = tokio::spawn(async move {
+            let mut tail = TailBuffer::new(limit);
+            let mut chunk = vec![0u8; 32 * 1024];
+            loop {
+                match receiver.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => tail.push(&chunk[..n]),
+                }
+            }
+            tail
+        });
+        Ok(OutputFifo {
+            path: path.to_owned(),
+            reader: Some(reader),
+            placeholder: Some(placeholder),
+        })
+    }
+
+    /// Called once the runtime holds the write end (its process started, or failed to): from
+    /// now on the output ends when the process's side closes.
+    pub fn writer_attached(&mut self) {
+        self.placeholder = None;
+    }
+
+    /// The path to give the runtime as stdout and stderr.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits up to `grace` for the writers to close (a background child that kept stdout open
+    /// must not hold the answer hostage), then returns what was read.
+    pub async fn collect(mut self, grace: Duration) -> (Vec<u8>, bool) {
+        self.placeholder = None;
+        let Some(mut reader) = self.reader.take() else {
+            return (Vec::new(), false);
+        };
+        match tokio::time::timeout(grace, &mut reader).await {
+            Ok(Ok(tail)) => tail.finish(),
+            Ok(Err(_)) => (Vec::new(), false),
+            Err(_) => {
+                reader.abort();
+                match reader.await {
+                    Ok(tail) => tail.finish(),
+                    Err(_) => (Vec::new(), false),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for OutputFifo {
+    fn drop(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            reader.abort();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_bytes() {
+        let mut t = TailBuffer::new(5);
+        t.push(b"abc");
+        assert_eq!(TailBuffer::new(5).finish(), (Vec::new(), false));
+        t.push(b"def");
+        t.push(b"g");
+        assert_eq!(t.finish(), (b"cdefg".to_vec(), true));
+        let mut big = TailBuffer::new(3);
+        big.push(b"0123456789");
+        assert_eq!(big.finish(), (b"789".to_vec(), true));
+        let mut exact = TailBuffer::new(3);
+        exact.push(b"abc");
+        assert_eq!(exact.finish(), (b"abc".to_vec(), false));
+    }
+
+    #[tokio::test]
+    async fn fifo_collects_what_a_writer_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fifo = OutputFifo::create(&dir.path().join("out"), 1024).unwrap();
+        let path = fifo.path().to_owned();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut w = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            w.write_all(b"hello ").unwrap();
+            w.write_all(b"world").unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        fifo.writer_attached();
+        let (out, truncated) = fifo.collect(Duration::from_secs(5)).await;
+        assert_eq!(out, b"hello world");
+        assert!(!truncated);
+    }
+}

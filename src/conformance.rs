@@ -1,0 +1,69 @@
+//! `naryad conformance`: the runtime conformance suite against the configured back end.
+
+use std::path::Path;
+
+use narya_runtimes::conformance::{self, Fixture, Verdict};
+use narya_runtimes::ImageSource;
+
+use crate::config::Config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConformanceError {
+    #[error("cannot set up the conformance run: {0}")]
+    Setup(String),
+    #[error("{failed} of {total} conformance cases failed")]
+    Failed { failed: usize, total: usize },
+}
+
+/// Runs every case, prints a line per case, and fails when any case did not pass.
+pub async fn run(config: &Config) -> Result<(), ConformanceError> {
+    let runtime =
+        crate::backend::connect(config).map_err(|e| ConformanceError::Setup(e.to_string()))?;
+    let scratch = config.state_dir.join("conformance");
+    std::fs::create_dir_all(&scratch)
+        .map_err(|e| ConformanceError::Setup(format!("{}: {e}", scratch.display())))?;
+    let mut unreachable_config = config.clone();
+    let nobody = scratch.join("nobody.sock");
+    unreachable_config.runtime.containerd_socket = nobody.clone();
+    unreachable_config.runtime.docker_socket = nobody;
+    let unreachable = crate::backend::connect(&unreachable_config)
+        .map_err(|e| ConformanceError::Setup(e.to_string()))?;
+    let fixture = Fixture {
+        image: ImageSource {
+            reference: config.image.reference.clone(),
+            pinned: None,
+        },
+        scratch: scratch.clone(),
+        user: config.environment.user,
+        network: config.environment.network,
+        mount_point: config.environment.workspace.clone(),
+        prefix: format!("narya-conformance-{}", std::process::id()),
+        unreachable: Some(unreachable),
+    };
+    println!(
+        "conformance: {} back end, image {}",
+        runtime.name(),
+        config.image.reference
+    );
+    let reports = conformance::run(runtime.as_ref(), &fixture).await;
+    let _ = remove_empty(&scratch);
+    let mut failed = 0;
+    for report in &reports {
+        println!("{report}");
+        if !matches!(report.verdict, Verdict::Passed) {
+            failed += 1;
+        }
+    }
+    if failed > 0 {
+        return Err(ConformanceError::Failed {
+            failed,
+            total: reports.len(),
+        });
+    }
+    println!("all {} cases passed", reports.len());
+    Ok(())
+}
+
+fn remove_empty(dir: &Path) -> std::io::Result<()> {
+    std::fs::remove_dir(dir)
+}
