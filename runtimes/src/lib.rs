@@ -108,6 +108,8 @@ pub struct ProcessSpec {
     pub timeout: Duration,
     /// Bytes of combined output kept; the tail is kept.
     pub output_limit: usize,
+    /// Bytes given to the process on its standard input, then end of file; `None`: no input.
+    pub stdin: Option<Vec<u8>>,
 }
 
 /// A short-lived container of the official image over a workspace, removed afterwards.

@@ -1,4 +1,5 @@
-//! Combined process output: the tail kept within a limit, read from a FIFO the runtime writes.
+//! A process's standard streams through FIFOs: combined output read with its tail kept within a
+//! limit, and input written then closed.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -124,6 +125,53 @@ impl Drop for OutputFifo {
         if let Some(reader) = self.reader.take() {
             reader.abort();
         }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A named pipe the runtime reads a process's standard input from: `bytes`, then end of file.
+pub struct InputFifo {
+    path: PathBuf,
+    writer: JoinHandle<()>,
+}
+
+impl InputFifo {
+    /// Makes the FIFO at `path` and starts writing `bytes` into it. The write end is opened
+    /// read-write so it opens before the runtime's reader does; closing it after the last byte
+    /// is the process's end of file.
+    pub fn create(path: &Path, bytes: Vec<u8>) -> std::io::Result<InputFifo> {
+        use tokio::io::AsyncWriteExt;
+        let _ = std::fs::remove_file(path);
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(std::io::Error::from)?;
+        let mut sender = tokio::net::unix::pipe::OpenOptions::new()
+            .read_write(true)
+            .open_sender(path)?;
+        let writer = tokio::spawn(async move {
+            // A process that exits without reading everything ends the write; that is fine.
+            let _ = sender.write_all(&bytes).await;
+            let _ = sender.shutdown().await;
+        });
+        Ok(InputFifo {
+            path: path.to_owned(),
+            writer,
+        })
+    }
+
+    /// The path to give the runtime as stdin.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Resolves once every byte is in the pipe (or the reader went away).
+    pub async fn written(&mut self) {
+        let _ = (&mut self.writer).await;
+    }
+}
+
+impl Drop for InputFifo {
+    fn drop(&mut self) {
+        self.writer.abort();
         let _ = std::fs::remove_file(&self.path);
     }
 }

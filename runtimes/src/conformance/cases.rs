@@ -39,6 +39,7 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("machine", remove_is_idempotent),
         case!("process", exit_code_env_cwd_and_output_come_through),
         case!("process", output_limit_keeps_the_tail),
+        case!("process", stdin_is_passed_through),
         case!("process", time_out_kills_the_process_and_its_descendants),
         case!("process", run_in_a_missing_machine_is_not_found),
         case!("throwaway", throwaway_sees_the_workspace_and_leaves_nothing),
@@ -134,6 +135,7 @@ impl Context<'_> {
                     cwd: cwd.map(str::to_owned),
                     timeout,
                     output_limit,
+                    stdin: None,
                 },
             )
             .await?)
@@ -427,6 +429,31 @@ async fn output_limit_keeps_the_tail(c: &Context<'_>) -> Result<(), Outcome> {
     })
 }
 
+async fn stdin_is_passed_through(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    // More than a pipe buffer, so the writer has to wait for the reader.
+    let input: Vec<u8> = (0..200_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let out = c
+        .runtime
+        .run(
+            &id,
+            &ProcessSpec {
+                argv: vec!["/bin/sh".into(), "-c".into(), "wc -c; echo done".into()],
+                env: BTreeMap::new(),
+                cwd: None,
+                timeout: Duration::from_secs(30),
+                output_limit: 4096,
+                stdin: Some(input),
+            },
+        )
+        .await?;
+    check(text(&out).split_whitespace().collect::<Vec<_>>() == ["200000", "done"], || {
+        format!("{out:?}")
+    })?;
+    let none = c.sh(&id, "cat; echo end").await?;
+    check(text(&none) == "end\n", || format!("without input: {:?}", text(&none)))
+}
+
 async fn time_out_kills_the_process_and_its_descendants(c: &Context<'_>) -> Result<(), Outcome> {
     let (id, _) = c.machine(0).await?;
     let started = Instant::now();
@@ -487,6 +514,7 @@ async fn run_in_a_missing_machine_is_not_found(c: &Context<'_>) -> Result<(), Ou
                 cwd: None,
                 timeout: Duration::from_secs(5),
                 output_limit: 10,
+                stdin: None,
             },
         )
         .await
@@ -520,6 +548,7 @@ async fn throwaway_sees_the_workspace_and_leaves_nothing(c: &Context<'_>) -> Res
                 cwd: None,
                 timeout: Duration::from_secs(60),
                 output_limit: 4096,
+                stdin: None,
             },
         })
         .await?;
@@ -585,6 +614,7 @@ async fn throwaway_time_out_is_reported_and_cleaned_up(c: &Context<'_>) -> Resul
                 cwd: None,
                 timeout: Duration::from_secs(1),
                 output_limit: 4096,
+                stdin: None,
             },
         })
         .await?;

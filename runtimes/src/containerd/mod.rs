@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use containerd_client::services::v1::container::Runtime as ContainerRuntime;
 use containerd_client::services::v1::snapshots::{MountsRequest, PrepareSnapshotRequest};
 use containerd_client::services::v1::{
-    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
+    CloseIoRequest, Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
     DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest, GetContainerRequest, GetRequest,
     KillRequest, ListContainersRequest, StartRequest, WaitRequest,
 };
@@ -23,7 +23,7 @@ use tokio::sync::Mutex;
 use self::client::{classify, is_not_found, Connection};
 use self::image::LocalImage;
 use crate::fetch::ImageFetcher;
-use crate::output::OutputFifo;
+use crate::output::{InputFifo, OutputFifo};
 use crate::{
     ImageSource, MachineInfo, MachineSpec, MachineState, Network, PinnedImage, ProcessOutcome,
     ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec, User, LABEL_DIGEST,
@@ -67,6 +67,17 @@ fn unique(prefix: &str) -> String {
         .unwrap_or_default()
         .as_nanos();
     format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// Stops a helper task when the process it serves is over.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
 }
 
 fn spec_any(value: &serde_json::Value, type_url: &str) -> Result<prost_types::Any> {
@@ -364,12 +375,16 @@ impl Containerd {
         let mut fifo = OutputFifo::create(&self.fifo_dir.join(&exec_id), spec_in.output_limit)
             .map_err(|e| RuntimeError::Other(format!("cannot make an output FIFO: {e}")))?;
         let fifo_path = fifo.path().display().to_string();
+        let input = self.input_fifo(&exec_id, spec_in.stdin.as_ref())?;
         let started_at = Instant::now();
         self.conn
             .tasks()
             .exec(self.conn.request(ExecProcessRequest {
                 container_id: id.to_owned(),
-                stdin: String::new(),
+                stdin: input
+                    .as_ref()
+                    .map(|i| i.path().display().to_string())
+                    .unwrap_or_default(),
                 stdout: fifo_path.clone(),
                 stderr: fifo_path,
                 terminal: false,
@@ -379,7 +394,7 @@ impl Containerd {
             .await
             .map_err(|e| classify(&format!("starting a process in {id}"), e))?;
         let outcome = self
-            .start_and_wait(id, &exec_id, spec_in.timeout, &mut fifo)
+            .start_and_wait(id, &exec_id, spec_in.timeout, &mut fifo, input)
             .await;
         let _ = self
             .conn
@@ -400,6 +415,16 @@ impl Containerd {
         })
     }
 
+    /// The FIFO carrying `stdin` to process `name`, when there is input.
+    fn input_fifo(&self, name: &str, stdin: Option<&Vec<u8>>) -> Result<Option<InputFifo>> {
+        stdin
+            .map(|bytes| {
+                InputFifo::create(&self.fifo_dir.join(format!("{name}-in")), bytes.clone())
+                    .map_err(|e| RuntimeError::Other(format!("cannot make an input FIFO: {e}")))
+            })
+            .transpose()
+    }
+
     /// Starts process `exec_id` (empty: the task itself) and waits up to `timeout`; on time-out
     /// kills it and everything it started. Returns (exit code or None when killed, timed out).
     async fn start_and_wait(
@@ -408,6 +433,7 @@ impl Containerd {
         exec_id: &str,
         timeout: Duration,
         fifo: &mut OutputFifo,
+        input: Option<InputFifo>,
     ) -> Result<(Option<i32>, bool)> {
         let mut tasks = self.conn.tasks();
         // Wait answers for an exited process too until it is deleted, so it may follow Start.
@@ -426,6 +452,22 @@ impl Containerd {
             .map_err(|e| classify(&format!("starting a process in {id}"), e))?
             .into_inner()
             .pid;
+        // containerd holds the input open until told otherwise: once our bytes are in, close it
+        // so the process reads end of file.
+        let feeding = input.map(|mut input| {
+            let conn = self.conn.clone();
+            let request = CloseIoRequest {
+                container_id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+                stdin: true,
+            };
+            tokio::spawn(async move {
+                input.written().await;
+                let _ = conn.tasks().close_io(conn.request(request)).await;
+                drop(input);
+            })
+        });
+        let _stop_feeding = AbortOnDrop(feeding);
         let mut waiter = self.conn.tasks();
         let wait = waiter.wait(wait_request);
         tokio::pin!(wait);
@@ -569,6 +611,7 @@ impl Runtime for Containerd {
             let mut fifo =
                 OutputFifo::create(&self.fifo_dir.join(&id), spec_in.process.output_limit)
                     .map_err(|e| RuntimeError::Other(format!("cannot make an output FIFO: {e}")))?;
+            let input = self.input_fifo(&id, spec_in.process.stdin.as_ref())?;
             let started_at = Instant::now();
             let fifo_path = fifo.path().display().to_string();
             self.conn
@@ -576,7 +619,10 @@ impl Runtime for Containerd {
                 .create(self.conn.request(CreateTaskRequest {
                     container_id: id.clone(),
                     rootfs: mounts,
-                    stdin: String::new(),
+                    stdin: input
+                        .as_ref()
+                        .map(|i| i.path().display().to_string())
+                        .unwrap_or_default(),
                     stdout: fifo_path.clone(),
                     stderr: fifo_path,
                     terminal: false,
@@ -587,7 +633,7 @@ impl Runtime for Containerd {
                 .await
                 .map_err(|e| classify("creating a throwaway task", e))?;
             let (exit_code, timed_out) = self
-                .start_and_wait(&id, "", spec_in.process.timeout, &mut fifo)
+                .start_and_wait(&id, "", spec_in.process.timeout, &mut fifo, input)
                 .await?;
             let (output, output_truncated) = fifo.collect(OUTPUT_GRACE).await;
             Ok(ProcessOutcome {
