@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use crate::api::{self, AppState};
 use crate::auth::{JwksError, Verifier};
 use crate::config::Config;
+use crate::environments::Environments;
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +21,8 @@ pub enum DaemonError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Identity(#[from] JwksError),
+    #[error("cannot set up the container runtime back end: {0}")]
+    Runtime(#[from] narya_runtimes::RuntimeError),
     #[error("another naryad is serving {0}; stop it first, or set listen.socket to another path")]
     SocketInUse(PathBuf),
     #[error("{0} exists and is not a socket; move it away or set listen.socket to another path")]
@@ -90,10 +93,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let verifier = Arc::new(Verifier::new(&config.identity)?);
     verifier.preload().await;
 
+    let runtime = crate::backend::connect(&config)?;
+    let environments = Arc::new(Environments::new(store.clone(), runtime, config.clone()));
     let state = AppState {
         config: config.clone(),
         verifier,
         store: store.clone(),
+        environments: environments.clone(),
     };
     let router = api::router(state);
 
@@ -149,6 +155,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             tracing::warn!(error = %e, "a listener ended with an error during shutdown");
         }
     }
+    tracing::info!("waiting for creates and deletes in flight to record their outcome");
+    environments.drain().await;
     if let Err(e) = std::fs::remove_file(&config.listen.socket) {
         tracing::warn!(error = %e, "could not remove the socket file");
     }

@@ -136,18 +136,27 @@ pub struct InputFifo {
 }
 
 impl InputFifo {
-    /// Makes the FIFO at `path` and starts writing `bytes` into it. The write end is opened
-    /// read-write so it opens before the runtime's reader does; closing it after the last byte
-    /// is the process's end of file.
+    /// Makes the FIFO at `path` and starts writing `bytes` into it once the runtime has opened
+    /// it for reading (a FIFO's buffer lives only while some end is open, so writing earlier
+    /// and closing could lose the bytes). Closing our end after the last byte is, with the
+    /// runtime's own end closed, the process's end of file.
     pub fn create(path: &Path, bytes: Vec<u8>) -> std::io::Result<InputFifo> {
         use tokio::io::AsyncWriteExt;
         let _ = std::fs::remove_file(path);
         nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .map_err(std::io::Error::from)?;
-        let mut sender = tokio::net::unix::pipe::OpenOptions::new()
-            .read_write(true)
-            .open_sender(path)?;
+        let fifo = path.to_owned();
         let writer = tokio::spawn(async move {
+            let mut sender = loop {
+                match tokio::net::unix::pipe::OpenOptions::new().open_sender(&fifo) {
+                    Ok(sender) => break sender,
+                    // No reader yet (ENXIO): the runtime opens it when the process starts.
+                    Err(e) if e.raw_os_error() == Some(nix::libc::ENXIO) => {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    Err(_) => return,
+                }
+            };
             // A process that exits without reading everything ends the write; that is fine.
             let _ = sender.write_all(&bytes).await;
             let _ = sender.shutdown().await;

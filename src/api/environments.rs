@@ -11,7 +11,7 @@ use super::types::{
 use super::{ApiError, AppState, ErrorBody};
 use crate::auth::Principal;
 use crate::config::parse_duration;
-use crate::environments::CreateRequest;
+use crate::environments::{CreateRequest, Created};
 
 /// The answer of operations whose runtime back end this daemon does not have yet.
 fn no_backend(what: &str) -> ApiError {
@@ -33,13 +33,15 @@ fn no_backend(what: &str) -> ApiError {
         (status = 503, description = "NRY-0060/0061", body = ErrorBody),
     ))]
 pub async fn create(
-    State(_state): State<AppState>,
+    State(state): State<AppState>,
     principal: Principal,
     JsonBody(body): JsonBody<CreateBody>,
 ) -> Result<(StatusCode, Json<EnvironmentView>), ApiError> {
     let request = CreateRequest::validate(&body.id, body.setup, body.repository.as_deref())?;
-    tracing::info!(environment.id = %request.id, organisation = %principal.organisation, "create refused: no runtime back end");
-    Err(no_backend("creating an environment"))
+    Ok(match state.environments.create(principal, request).await? {
+        Created::New(record) => (StatusCode::CREATED, Json(EnvironmentView::from(&record))),
+        Created::Existing(record) => (StatusCode::OK, Json(EnvironmentView::from(&record))),
+    })
 }
 
 /// One environment of the caller's organisation.
@@ -95,12 +97,8 @@ pub async fn delete(
     principal: Principal,
     IdPath(id): IdPath,
 ) -> Result<StatusCode, ApiError> {
-    state
-        .store
-        .get(&principal.organisation, id.as_str())
-        .await?
-        .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
-    Err(no_backend("deleting an environment"))
+    state.environments.delete(principal, id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Run a command in a ready environment.

@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::environments::InvalidRequest;
+use crate::environments::{EnvironmentError, InvalidRequest};
 use crate::store::StoreError;
 
 /// The body of every error answer.
@@ -87,6 +87,24 @@ impl ApiError {
             ApiError::RuntimeUnavailable(_) => "NRY-0060",
             ApiError::ImageUnavailable(_) => "NRY-0061",
             ApiError::Internal(_) => "NRY-0099",
+        }
+    }
+}
+
+impl From<EnvironmentError> for ApiError {
+    fn from(e: EnvironmentError) -> Self {
+        let message = e.to_string();
+        match e {
+            EnvironmentError::IdInUse(_) | EnvironmentError::DifferentCreate(_) => {
+                ApiError::IdInUse(message)
+            }
+            EnvironmentError::SetupUnrecorded(_) => ApiError::SetupUnrecorded(message),
+            EnvironmentError::NotFound(id) => ApiError::NotFound(id),
+            EnvironmentError::GitHubNotConfigured => ApiError::GitHubNotConnected(message),
+            EnvironmentError::RuntimeUnavailable(_) => ApiError::RuntimeUnavailable(message),
+            EnvironmentError::ImageUnavailable(_) => ApiError::ImageUnavailable(message),
+            EnvironmentError::Internal(_) => ApiError::Internal(message),
+            EnvironmentError::Store(e) => e.into(),
         }
     }
 }

@@ -19,6 +19,7 @@ use utoipa::OpenApi;
 
 use crate::auth::Verifier;
 use crate::config::Config;
+use crate::environments::Environments;
 use crate::store::Store;
 pub use error::{ApiError, ErrorBody, ServerFault};
 
@@ -28,6 +29,7 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub verifier: Arc<Verifier>,
     pub store: Store,
+    pub environments: Arc<Environments>,
 }
 
 #[derive(OpenApi)]

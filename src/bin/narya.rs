@@ -268,8 +268,11 @@ async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyho
         EnvCommand::Create { .. } | EnvCommand::Get { .. } => {
             let env: EnvironmentView = serde_json::from_slice(&answer.body)
                 .context("the daemon's answer is not an environment")?;
-            print_environment(&mut out, &env, answer.status == StatusCode::OK)?;
-            if env.status == narya::api::types::StatusView::Unusable {
+            // A create that leaves an unusable environment did not give the person what they
+            // asked for; a get that shows one did.
+            let created = matches!(command, EnvCommand::Create { .. });
+            print_environment(&mut out, &env, created && answer.status == StatusCode::OK)?;
+            if created && env.status == narya::api::types::StatusView::Unusable {
                 return Ok(Outcome::ApiError);
             }
         }
@@ -351,7 +354,10 @@ fn print_environment(
         }
     }
     if existed {
-        writeln!(out, "(it already existed: nothing was provisioned)")?;
+        writeln!(
+            out,
+            "(it already existed: nothing was provisioned, no setup ran)"
+        )?;
     }
     Ok(())
 }

@@ -6,6 +6,10 @@ use std::str::FromStr;
 
 use sha2::{Digest as _, Sha256};
 
+mod provision;
+
+pub use provision::{now_rfc3339, Created, EnvironmentError, Environments, PROVISIONING};
+
 /// The longest a setup script may be, in characters.
 pub const SETUP_MAX_CHARS: usize = 65536;
 /// The longest a repository may be, in characters.

@@ -105,6 +105,29 @@ fn record_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EnvironmentRecord, S
     })
 }
 
+type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
+
+/// Binds the columns a row's life changes, from `fingerprint` to `updated_at`, in table order.
+fn bind_changing<'q>(query: Query<'q>, record: &'q EnvironmentRecord) -> Query<'q> {
+    let setup = record.setup.as_ref();
+    query
+        .bind(&record.fingerprint)
+        .bind(&record.setup_script)
+        .bind(&record.repository)
+        .bind(&record.image_digest)
+        .bind(record.setup_recorded)
+        .bind(record.status.as_str())
+        .bind(&record.status_detail)
+        .bind(setup.map(|s| &s.state))
+        .bind(setup.map(|s| &s.step))
+        .bind(setup.and_then(|s| s.exit_code))
+        .bind(setup.map(|s| &s.output))
+        .bind(setup.map(|s| s.output_truncated))
+        .bind(setup.map(|s| &s.started_at))
+        .bind(setup.map(|s| &s.finished_at))
+        .bind(&record.updated_at)
+}
+
 impl Store {
     /// Opens (creating if needed) the database at `path` and applies the embedded migrations.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
@@ -170,32 +193,36 @@ impl Store {
 
     /// Inserts a new row. Fails (a unique-constraint error) when the id is held.
     pub async fn insert(&self, record: &EnvironmentRecord) -> Result<(), StoreError> {
-        let setup = record.setup.as_ref();
-        sqlx::query(&format!(
-            "INSERT INTO environments ({COLUMNS}) VALUES \
-             (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        ))
+        let query = sqlx::query(
+            "INSERT INTO environments (id, organisation, person, created_at, fingerprint, \
+             setup_script, repository, image_digest, setup_recorded, status, status_detail, \
+             setup_state, setup_step, setup_exit_code, setup_output, setup_output_truncated, \
+             setup_started_at, setup_finished_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
         .bind(&record.id)
         .bind(&record.organisation)
         .bind(&record.person)
-        .bind(&record.fingerprint)
-        .bind(&record.setup_script)
-        .bind(&record.repository)
-        .bind(&record.image_digest)
-        .bind(record.setup_recorded)
-        .bind(record.status.as_str())
-        .bind(&record.status_detail)
-        .bind(setup.map(|s| &s.state))
-        .bind(setup.map(|s| &s.step))
-        .bind(setup.and_then(|s| s.exit_code))
-        .bind(setup.map(|s| &s.output))
-        .bind(setup.map(|s| s.output_truncated))
-        .bind(setup.map(|s| &s.started_at))
-        .bind(setup.map(|s| &s.finished_at))
-        .bind(&record.created_at)
-        .bind(&record.updated_at)
-        .execute(&self.pool)
-        .await?;
+        .bind(&record.created_at);
+        bind_changing(query, record).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Writes a row's status, setup record and fingerprint in one statement: the outcome of a
+    /// create is recorded whole or not at all.
+    pub async fn record(&self, record: &EnvironmentRecord) -> Result<(), StoreError> {
+        let query = sqlx::query(
+            "UPDATE environments SET fingerprint = ?, setup_script = ?, repository = ?, \
+             image_digest = ?, setup_recorded = ?, status = ?, status_detail = ?, \
+             setup_state = ?, setup_step = ?, setup_exit_code = ?, setup_output = ?, \
+             setup_output_truncated = ?, setup_started_at = ?, setup_finished_at = ?, \
+             updated_at = ? WHERE organisation = ? AND id = ?",
+        );
+        bind_changing(query, record)
+            .bind(&record.organisation)
+            .bind(&record.id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -300,6 +327,31 @@ mod tests {
         assert!(store.get("acme", "demo").await.unwrap().is_some());
         assert!(store.delete("acme", "demo").await.unwrap());
         assert_eq!(store.holder("demo").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn an_outcome_is_recorded_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+        let mut row = record("demo", "acme");
+        row.setup_recorded = false;
+        row.status = Status::Degraded;
+        row.status_detail = Some("provisioning".to_owned());
+        row.setup = None;
+        store.insert(&row).await.unwrap();
+        assert_eq!(store.get("acme", "demo").await.unwrap(), Some(row.clone()));
+        let finished = record("demo", "acme");
+        store.record(&finished).await.unwrap();
+        assert_eq!(
+            store.get("acme", "demo").await.unwrap(),
+            Some(finished.clone())
+        );
+        // Another organisation's record of the same id changes nothing.
+        let mut foreign = finished.clone();
+        foreign.organisation = "globex".to_owned();
+        foreign.status = Status::Ready;
+        store.record(&foreign).await.unwrap();
+        assert_eq!(store.get("acme", "demo").await.unwrap(), Some(finished));
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! Test support: an identity-provider double, keys, and a real `naryad` on temporary listeners.
 #![allow(dead_code)]
 
+pub mod e2e;
 pub mod idp;
 
 use std::path::{Path, PathBuf};
@@ -164,6 +165,23 @@ impl Daemon {
     /// Both transports, named, for tests that must hold on each.
     pub fn transports(&self, token: Option<&str>) -> [(&'static str, Client); 2] {
         [("unix", self.unix(token)), ("tcp", self.tcp(token))]
+    }
+
+    /// Kills the daemon with SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the daemon again on the same configuration and state.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the daemon is still running");
+        let log = self.dir.path().join("naryad.restarted.log");
+        self.log_path = log;
+        self.child = Some(Daemon::spawn(&self.config_path, &self.log_path));
+        self.wait_ready();
     }
 
     /// Sends SIGTERM and waits for the exit status.

@@ -447,11 +447,14 @@ async fn stdin_is_passed_through(c: &Context<'_>) -> Result<(), Outcome> {
             },
         )
         .await?;
-    check(text(&out).split_whitespace().collect::<Vec<_>>() == ["200000", "done"], || {
-        format!("{out:?}")
-    })?;
+    check(
+        text(&out).split_whitespace().collect::<Vec<_>>() == ["200000", "done"],
+        || format!("{out:?}"),
+    )?;
     let none = c.sh(&id, "cat; echo end").await?;
-    check(text(&none) == "end\n", || format!("without input: {:?}", text(&none)))
+    check(text(&none) == "end\n", || {
+        format!("without input: {:?}", text(&none))
+    })
 }
 
 async fn time_out_kills_the_process_and_its_descendants(c: &Context<'_>) -> Result<(), Outcome> {

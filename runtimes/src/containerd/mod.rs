@@ -379,18 +379,20 @@ impl Containerd {
         let started_at = Instant::now();
         self.conn
             .tasks()
-            .exec(self.conn.request(ExecProcessRequest {
-                container_id: id.to_owned(),
-                stdin: input
-                    .as_ref()
-                    .map(|i| i.path().display().to_string())
-                    .unwrap_or_default(),
-                stdout: fifo_path.clone(),
-                stderr: fifo_path,
-                terminal: false,
-                spec: Some(spec_any(&process, spec::PROCESS_TYPE_URL)?),
-                exec_id: exec_id.clone(),
-            }))
+            .exec(
+                self.conn.request(ExecProcessRequest {
+                    container_id: id.to_owned(),
+                    stdin: input
+                        .as_ref()
+                        .map(|i| i.path().display().to_string())
+                        .unwrap_or_default(),
+                    stdout: fifo_path.clone(),
+                    stderr: fifo_path,
+                    terminal: false,
+                    spec: Some(spec_any(&process, spec::PROCESS_TYPE_URL)?),
+                    exec_id: exec_id.clone(),
+                }),
+            )
             .await
             .map_err(|e| classify(&format!("starting a process in {id}"), e))?;
         let outcome = self
@@ -616,20 +618,22 @@ impl Runtime for Containerd {
             let fifo_path = fifo.path().display().to_string();
             self.conn
                 .tasks()
-                .create(self.conn.request(CreateTaskRequest {
-                    container_id: id.clone(),
-                    rootfs: mounts,
-                    stdin: input
-                        .as_ref()
-                        .map(|i| i.path().display().to_string())
-                        .unwrap_or_default(),
-                    stdout: fifo_path.clone(),
-                    stderr: fifo_path,
-                    terminal: false,
-                    checkpoint: None,
-                    options: None,
-                    runtime_path: String::new(),
-                }))
+                .create(
+                    self.conn.request(CreateTaskRequest {
+                        container_id: id.clone(),
+                        rootfs: mounts,
+                        stdin: input
+                            .as_ref()
+                            .map(|i| i.path().display().to_string())
+                            .unwrap_or_default(),
+                        stdout: fifo_path.clone(),
+                        stderr: fifo_path,
+                        terminal: false,
+                        checkpoint: None,
+                        options: None,
+                        runtime_path: String::new(),
+                    }),
+                )
                 .await
                 .map_err(|e| classify("creating a throwaway task", e))?;
             let (exit_code, timed_out) = self

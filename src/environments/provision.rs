@@ -1,0 +1,496 @@
+//! The create flow and its counterpart, delete: serialised per identifier, run in tasks of their
+//! own so a client that goes away cancels nothing, and never leaving a half-made environment
+//! looking healthy.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use narya_runtimes::{
+    ImageSource, MachineSpec, MachineState, ProcessSpec, Runtime, RuntimeError, LABEL_DIGEST,
+};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use super::{CreateRequest, EnvironmentId, Status};
+use crate::auth::Principal;
+use crate::config::Config;
+use crate::store::{EnvironmentRecord, SetupRecord, Store, StoreError};
+
+/// What the status detail says while a create is in flight.
+pub const PROVISIONING: &str = "provisioning";
+
+/// Runs the setup script from stdin as a file in the machine's private /tmp: a script may be
+/// longer than one argument can carry, and one with a `#!` line chooses its own interpreter.
+const SETUP_WRAPPER: &str = r#"f=$(mktemp /tmp/narya-setup.XXXXXX) || exit 125
+cat > "$f" || exit 125
+chmod 700 "$f"
+case "$(head -c 2 "$f")" in
+  '#!') "$f" </dev/null ;;
+  *) /bin/bash "$f" </dev/null ;;
+esac"#;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnvironmentError {
+    #[error("identifier {0:?} is in use; choose another identifier")]
+    IdInUse(String),
+    #[error("identifier {0:?} is in use with a different setup or repository; repeat the original request, or choose another identifier")]
+    DifferentCreate(String),
+    #[error("environment {0:?} has a machine whose setup state was never recorded (its creation was interrupted), so nobody can say whether its toolchain exists; delete it (narya env delete {0}) and create it again")]
+    SetupUnrecorded(String),
+    #[error("no environment {0:?} in your organisation")]
+    NotFound(String),
+    #[error("repository-carrying creates need the host's GitHub App: add a [github] section (app_id, private_key) to the daemon's configuration; nothing was created")]
+    GitHubNotConfigured,
+    #[error(
+        "the container runtime is not answering ({0}); nothing was provisioned, try again shortly"
+    )]
+    RuntimeUnavailable(String),
+    #[error("the official image could not be resolved or fetched ({0}); nothing was provisioned")]
+    ImageUnavailable(String),
+    #[error("{0}")]
+    Internal(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<RuntimeError> for EnvironmentError {
+    fn from(e: RuntimeError) -> Self {
+        match e {
+            RuntimeError::Unavailable(m) => EnvironmentError::RuntimeUnavailable(m),
+            RuntimeError::Image(m) => EnvironmentError::ImageUnavailable(m),
+            other => EnvironmentError::Internal(format!("the container runtime failed: {other}")),
+        }
+    }
+}
+
+/// How a create ended: made now, or found as it already was.
+pub enum Created {
+    New(EnvironmentRecord),
+    Existing(EnvironmentRecord),
+}
+
+/// The environments of this host: create, delete, and the locks that keep them apart.
+pub struct Environments {
+    store: Store,
+    runtime: Arc<dyn Runtime>,
+    config: Arc<Config>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    tasks: TaskTracker,
+}
+
+/// Holds one identifier's lock; forgets the lock when nobody else waits for it.
+struct IdGuard<'a> {
+    owner: &'a Environments,
+    id: String,
+    lock: Option<Arc<tokio::sync::Mutex<()>>>,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for IdGuard<'_> {
+    fn drop(&mut self) {
+        let Some(lock) = self.lock.take() else { return };
+        let Ok(mut locks) = self.owner.locks.lock() else {
+            return;
+        };
+        // Ours and the map's: nobody else holds or waits for it.
+        if Arc::strong_count(&lock) <= 3 {
+            locks.remove(&self.id);
+        }
+    }
+}
+
+pub fn now_rfc3339() -> String {
+    OffsetDateTime::now_utc()
+        .format(&Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_owned())
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    OffsetDateTime::from(at)
+        .format(&Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_owned())
+}
+
+impl Environments {
+    pub fn new(store: Store, runtime: Arc<dyn Runtime>, config: Arc<Config>) -> Environments {
+        Environments {
+            store,
+            runtime,
+            config,
+            locks: Mutex::new(HashMap::new()),
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    /// Waits for every create and delete in flight to record its outcome.
+    pub async fn drain(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    async fn lock(&self, id: &str) -> IdGuard<'_> {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(id.to_owned()).or_default().clone()
+        };
+        let guard = lock.clone().lock_owned().await;
+        IdGuard {
+            owner: self,
+            id: id.to_owned(),
+            lock: Some(lock),
+            _guard: guard,
+        }
+    }
+
+    fn workspace(&self, id: &str) -> PathBuf {
+        self.config.workspaces_dir().join(id)
+    }
+
+    /// Creates `request.id` for `principal`, or answers with the environment recorded under it.
+    /// Runs in its own task: dropping the returned future does not stop provisioning.
+    pub async fn create(
+        self: &Arc<Self>,
+        principal: Principal,
+        request: CreateRequest,
+    ) -> Result<Created, EnvironmentError> {
+        let this = self.clone();
+        let span = tracing::info_span!("create", environment.id = %request.id, organisation = %principal.organisation);
+        let task = self.tasks.spawn(
+            async move { this.create_serialised(principal, request).await }.instrument(span),
+        );
+        task.await
+            .map_err(|e| EnvironmentError::Internal(format!("the create task failed: {e}")))?
+    }
+
+    async fn create_serialised(
+        &self,
+        principal: Principal,
+        request: CreateRequest,
+    ) -> Result<Created, EnvironmentError> {
+        let id = request.id.as_str().to_owned();
+        let _guard = self.lock(&id).await;
+        if let Some(holder) = self.store.holder(&id).await? {
+            if holder != principal.organisation {
+                return Err(EnvironmentError::IdInUse(id));
+            }
+        }
+        let fingerprint = request.fingerprint();
+        let carries_setup = request.setup.is_some() || request.repository.is_some();
+        if let Some(row) = self.store.get(&principal.organisation, &id).await? {
+            if row.setup_recorded {
+                return if row.fingerprint == fingerprint {
+                    tracing::info!("repeat of a recorded create: answering as it stands");
+                    Ok(Created::Existing(row))
+                } else {
+                    Err(EnvironmentError::DifferentCreate(id))
+                };
+            }
+            if carries_setup {
+                return Err(EnvironmentError::SetupUnrecorded(id));
+            }
+            return self
+                .adopt_row(row, &fingerprint)
+                .await
+                .map(Created::Existing);
+        }
+        match self.runtime.inspect(&id).await? {
+            MachineState::Missing => self.provision(&principal, &request).await.map(Created::New),
+            _ if carries_setup => Err(EnvironmentError::SetupUnrecorded(id)),
+            state => self
+                .adopt_orphan(&principal, &request.id, state, &fingerprint)
+                .await
+                .map(Created::Existing),
+        }
+    }
+
+    /// A row left unrecorded by a daemon that died, met by a create without setup: the machine
+    /// is made sure of and the row recorded as a setup-less environment.
+    async fn adopt_row(
+        &self,
+        mut row: EnvironmentRecord,
+        fingerprint: &str,
+    ) -> Result<EnvironmentRecord, EnvironmentError> {
+        tracing::info!("adopting an environment whose creation was interrupted");
+        match self.runtime.inspect(&row.id).await? {
+            MachineState::Running => {}
+            MachineState::Stopped => self.runtime.start(&row.id).await?,
+            MachineState::Missing => {
+                let digest = row.image_digest.parse().map_err(|e| {
+                    EnvironmentError::Internal(format!("stored digest of {}: {e}", row.id))
+                })?;
+                let pinned = self
+                    .runtime
+                    .ensure_image(&ImageSource {
+                        reference: self.config.image.reference.clone(),
+                        pinned: Some(digest),
+                    })
+                    .await?;
+                let workspace = self.prepare_workspace(&row.id, false)?;
+                self.runtime
+                    .create_machine(&self.machine_spec(&row.id, pinned, workspace))
+                    .await?;
+            }
+        }
+        row.fingerprint = fingerprint.to_owned();
+        row.setup_script = None;
+        row.repository = None;
+        row.setup = None;
+        row.setup_recorded = true;
+        row.status = Status::Ready;
+        row.status_detail = None;
+        row.updated_at = now_rfc3339();
+        self.store.record(&row).await?;
+        Ok(row)
+    }
+
+    /// A Narya machine the store does not know, met by a create without setup: recorded.
+    async fn adopt_orphan(
+        &self,
+        principal: &Principal,
+        id: &EnvironmentId,
+        state: MachineState,
+        fingerprint: &str,
+    ) -> Result<EnvironmentRecord, EnvironmentError> {
+        tracing::warn!("adopting a Narya machine the store did not know");
+        let machine = self
+            .runtime
+            .list()
+            .await?
+            .into_iter()
+            .find(|m| m.id == id.as_str())
+            .ok_or_else(|| {
+                EnvironmentError::Internal(format!("machine {id} vanished while being adopted"))
+            })?;
+        let digest = machine.digest.ok_or_else(|| {
+            EnvironmentError::Internal(format!("machine {id} carries no {LABEL_DIGEST} label"))
+        })?;
+        if state == MachineState::Stopped {
+            self.runtime.start(id.as_str()).await?;
+        }
+        self.prepare_workspace(id.as_str(), false)?;
+        let now = now_rfc3339();
+        let row = EnvironmentRecord {
+            id: id.to_string(),
+            organisation: principal.organisation.clone(),
+            person: principal.person.clone(),
+            fingerprint: fingerprint.to_owned(),
+            setup_script: None,
+            repository: None,
+            image_digest: digest.to_string(),
+            setup_recorded: true,
+            status: Status::Ready,
+            status_detail: None,
+            setup: None,
+            created_at: now.clone(),
+            updated_at: now,
+        };
+        self.store.insert(&row).await?;
+        Ok(row)
+    }
+
+    fn machine_spec(
+        &self,
+        id: &str,
+        image: narya_runtimes::PinnedImage,
+        workspace: PathBuf,
+    ) -> MachineSpec {
+        MachineSpec {
+            id: id.to_owned(),
+            image,
+            workspace,
+            mount_point: self.config.environment.workspace.clone(),
+            user: self.config.environment.user,
+            network: self.config.environment.network,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// The workspace directory, owned by the environment's user. `fresh`: whatever a failed
+    /// earlier attempt left there goes first.
+    fn prepare_workspace(&self, id: &str, fresh: bool) -> Result<PathBuf, EnvironmentError> {
+        let dir = self.workspace(id);
+        let fault = |e: std::io::Error| {
+            EnvironmentError::Internal(format!(
+                "cannot prepare the workspace {}: {e}",
+                dir.display()
+            ))
+        };
+        if fresh && dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(fault)?;
+        }
+        std::fs::create_dir_all(&dir).map_err(fault)?;
+        let user = self.config.environment.user;
+        std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid)).map_err(fault)?;
+        Ok(dir)
+    }
+
+    /// The create flow proper, for an identifier nobody holds: pin, record, make, set up, record.
+    async fn provision(
+        &self,
+        principal: &Principal,
+        request: &CreateRequest,
+    ) -> Result<EnvironmentRecord, EnvironmentError> {
+        if request.repository.is_some() && self.config.github.is_none() {
+            return Err(EnvironmentError::GitHubNotConfigured);
+        }
+        let id = request.id.as_str();
+        let pinned = self
+            .runtime
+            .ensure_image(&ImageSource {
+                reference: self.config.image.reference.clone(),
+                pinned: None,
+            })
+            .await?;
+        tracing::info!(digest = %pinned.digest, "image pinned");
+        let now = now_rfc3339();
+        let mut row = EnvironmentRecord {
+            id: id.to_owned(),
+            organisation: principal.organisation.clone(),
+            person: principal.person.clone(),
+            fingerprint: request.fingerprint(),
+            setup_script: request.setup.clone(),
+            repository: request.repository.as_ref().map(|r| r.to_string()),
+            image_digest: pinned.digest.to_string(),
+            setup_recorded: false,
+            status: Status::Degraded,
+            status_detail: Some(PROVISIONING.to_owned()),
+            setup: None,
+            created_at: now.clone(),
+            updated_at: now,
+        };
+        self.store.insert(&row).await?;
+
+        let made = async {
+            let workspace = self.prepare_workspace(id, true)?;
+            self.runtime
+                .create_machine(&self.machine_spec(id, pinned, workspace))
+                .await?;
+            tracing::info!("machine started");
+            match &request.setup {
+                Some(script) => self.run_setup(id, script).await.map(Some),
+                None => Ok(None),
+            }
+        }
+        .await;
+        let setup = match made {
+            Ok(setup) => setup,
+            Err(e) => {
+                self.undo(&mut row, &e).await;
+                return Err(e);
+            }
+        };
+        row.status = match &setup {
+            Some(s) if s.state != "succeeded" => Status::Unusable,
+            _ => Status::Ready,
+        };
+        row.status_detail = None;
+        row.setup = setup;
+        row.setup_recorded = true;
+        row.updated_at = now_rfc3339();
+        self.store.record(&row).await?;
+        tracing::info!(status = row.status.as_str(), "environment recorded");
+        Ok(row)
+    }
+
+    /// Runs the setup script once, bounded, as the unprivileged user in the workspace.
+    async fn run_setup(&self, id: &str, script: &str) -> Result<SetupRecord, EnvironmentError> {
+        let env = &self.config.environment;
+        let started_at = SystemTime::now();
+        let outcome = self
+            .runtime
+            .run(
+                id,
+                &ProcessSpec {
+                    argv: vec!["/bin/sh".into(), "-c".into(), SETUP_WRAPPER.into()],
+                    env: BTreeMap::new(),
+                    cwd: None,
+                    timeout: env.setup_timeout.0,
+                    output_limit: env.output_limit,
+                    stdin: Some(script.as_bytes().to_vec()),
+                },
+            )
+            .await?;
+        let state = if outcome.timed_out {
+            "timed_out"
+        } else if outcome.exit_code == Some(0) {
+            "succeeded"
+        } else {
+            "failed"
+        };
+        tracing::info!(state, exit_code = ?outcome.exit_code, "setup finished");
+        Ok(SetupRecord {
+            state: state.to_owned(),
+            step: "setup".to_owned(),
+            exit_code: outcome.exit_code.map(i64::from),
+            output: String::from_utf8_lossy(&outcome.output).into_owned(),
+            output_truncated: outcome.output_truncated,
+            started_at: rfc3339(started_at),
+            finished_at: now_rfc3339(),
+        })
+    }
+
+    /// Takes back a create that failed before its outcome was recorded. When the machine cannot
+    /// be removed (the runtime went away), the row stays unrecorded, so the identifier is
+    /// refused to setup-carrying creates until someone deletes it.
+    async fn undo(&self, row: &mut EnvironmentRecord, cause: &EnvironmentError) {
+        tracing::warn!(error = %cause, "provisioning failed; taking it back");
+        match self.runtime.remove(&row.id).await {
+            Ok(()) => {
+                if let Err(e) = std::fs::remove_dir_all(self.workspace(&row.id)) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        tracing::warn!(error = %e, "could not remove the workspace");
+                    }
+                }
+                if let Err(e) = self.store.delete(&row.organisation, &row.id).await {
+                    tracing::error!(error = %e, "could not delete the row of a failed create");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not remove the machine of a failed create; leaving it unrecorded");
+                row.status_detail = Some(format!("provisioning failed: {cause}"));
+                row.updated_at = now_rfc3339();
+                let _ = self.store.record(row).await;
+            }
+        }
+    }
+
+    /// Destroys the machine, its writable layer and the workspace, and frees the identifier.
+    pub async fn delete(
+        self: &Arc<Self>,
+        principal: Principal,
+        id: EnvironmentId,
+    ) -> Result<(), EnvironmentError> {
+        let this = self.clone();
+        let span = tracing::info_span!("delete", environment.id = %id, organisation = %principal.organisation);
+        let task = self.tasks.spawn(
+            async move {
+                let _guard = this.lock(id.as_str()).await;
+                let row = this
+                    .store
+                    .get(&principal.organisation, id.as_str())
+                    .await?
+                    .ok_or_else(|| EnvironmentError::NotFound(id.to_string()))?;
+                this.runtime.remove(&row.id).await?;
+                match std::fs::remove_dir_all(this.workspace(&row.id)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(EnvironmentError::Internal(format!(
+                            "the machine is gone but the workspace could not be removed: {e}"
+                        )))
+                    }
+                }
+                this.store.delete(&row.organisation, &row.id).await?;
+                tracing::info!("environment deleted");
+                Ok(())
+            }
+            .instrument(span),
+        );
+        task.await
+            .map_err(|e| EnvironmentError::Internal(format!("the delete task failed: {e}")))?
+    }
+}
