@@ -110,6 +110,10 @@ pub struct ProcessSpec {
     pub output_limit: usize,
     /// Bytes given to the process on its standard input, then end of file; `None`: no input.
     pub stdin: Option<Vec<u8>>,
+    /// Where to send output chunks as they are produced, besides keeping the tail. When the
+    /// receiving end goes away, the process and everything it started are killed (the outcome
+    /// then has no exit code and is not timed out).
+    pub output: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
 }
 
 /// A short-lived container of the official image over a workspace, removed afterwards.

@@ -58,7 +58,11 @@ pub struct OutputFifo {
 impl OutputFifo {
     /// Makes the FIFO at `path` and starts reading it. The read end is opened before the
     /// runtime opens the write end, so nothing the process writes is lost.
-    pub fn create(path: &Path, limit: usize) -> std::io::Result<OutputFifo> {
+    pub fn create(
+        path: &Path,
+        limit: usize,
+        sink: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
+    ) -> std::io::Result<OutputFifo> {
         let _ = std::fs::remove_file(path);
         nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .map_err(std::io::Error::from)?;
@@ -76,7 +80,14 @@ impl OutputFifo {
             loop {
                 match receiver.read(&mut chunk).await {
                     Ok(0) | Err(_) => break,
-                    Ok(n) => tail.push(&chunk[..n]),
+                    Ok(n) => {
+                        tail.push(&chunk[..n]);
+                        if let Some(sink) = &sink {
+                            // A receiver that went away stops the process elsewhere; keep
+                            // draining so the tail is complete.
+                            let _ = sink.send(chunk[..n].to_vec()).await;
+                        }
+                    }
                 }
             }
             tail
@@ -208,7 +219,8 @@ mod tests {
     #[tokio::test]
     async fn fifo_collects_what_a_writer_wrote() {
         let dir = tempfile::tempdir().unwrap();
-        let mut fifo = OutputFifo::create(&dir.path().join("out"), 1024).unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let mut fifo = OutputFifo::create(&dir.path().join("out"), 1024, Some(tx)).unwrap();
         let path = fifo.path().to_owned();
         std::thread::spawn(move || {
             use std::io::Write;
@@ -221,5 +233,10 @@ mod tests {
         let (out, truncated) = fifo.collect(Duration::from_secs(5)).await;
         assert_eq!(out, b"hello world");
         assert!(!truncated);
+        let mut streamed = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            streamed.extend(chunk);
+        }
+        assert_eq!(streamed, b"hello world");
     }
 }

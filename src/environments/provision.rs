@@ -411,6 +411,7 @@ impl Environments {
                     timeout: env.setup_timeout.0,
                     output_limit: env.output_limit,
                     stdin: Some(script.as_bytes().to_vec()),
+                    output: None,
                 },
             )
             .await?;

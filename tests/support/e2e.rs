@@ -130,6 +130,7 @@ impl Host {
                     timeout: Duration::from_secs(30),
                     output_limit: 1 << 20,
                     stdin: None,
+                    output: None,
                 },
             )
             .await

@@ -40,6 +40,8 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("process", exit_code_env_cwd_and_output_come_through),
         case!("process", output_limit_keeps_the_tail),
         case!("process", stdin_is_passed_through),
+        case!("process", output_streams_while_the_process_runs),
+        case!("process", an_abandoned_stream_kills_the_process),
         case!("process", time_out_kills_the_process_and_its_descendants),
         case!("process", run_in_a_missing_machine_is_not_found),
         case!("throwaway", throwaway_sees_the_workspace_and_leaves_nothing),
@@ -136,6 +138,7 @@ impl Context<'_> {
                     timeout,
                     output_limit,
                     stdin: None,
+                    output: None,
                 },
             )
             .await?)
@@ -444,6 +447,7 @@ async fn stdin_is_passed_through(c: &Context<'_>) -> Result<(), Outcome> {
                 timeout: Duration::from_secs(30),
                 output_limit: 4096,
                 stdin: Some(input),
+                output: None,
             },
         )
         .await?;
@@ -454,6 +458,95 @@ async fn stdin_is_passed_through(c: &Context<'_>) -> Result<(), Outcome> {
     let none = c.sh(&id, "cat; echo end").await?;
     check(text(&none) == "end\n", || {
         format!("without input: {:?}", text(&none))
+    })
+}
+
+fn streamed(
+    argv: &str,
+    timeout: Duration,
+    sink: tokio::sync::mpsc::Sender<Vec<u8>>,
+) -> ProcessSpec {
+    ProcessSpec {
+        argv: vec!["/bin/sh".into(), "-c".into(), argv.into()],
+        env: BTreeMap::new(),
+        cwd: None,
+        timeout,
+        output_limit: 4096,
+        stdin: None,
+        output: Some(sink),
+    }
+}
+
+async fn output_streams_while_the_process_runs(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let spec = streamed(
+        "echo first; sleep 2; echo second",
+        Duration::from_secs(30),
+        tx,
+    );
+    let run = c.runtime.run(&id, &spec);
+    tokio::pin!(run);
+    let started = Instant::now();
+    let first = tokio::select! {
+        chunk = rx.recv() => chunk,
+        outcome = &mut run => return Err(fail(format!("ended before any chunk arrived: {outcome:?}"))),
+    };
+    let first_at = started.elapsed();
+    check(first.as_deref() == Some(b"first\n".as_slice()), || {
+        format!("first chunk {first:?}")
+    })?;
+    let outcome = run.await?;
+    let ended_at = started.elapsed();
+    check(first_at + Duration::from_secs(1) < ended_at, || {
+        format!("first chunk at {first_at:?}, end at {ended_at:?}: not streamed")
+    })?;
+    // Every chunk was sent before `run` returned.
+    let mut rest = Vec::new();
+    while let Ok(chunk) = rx.try_recv() {
+        rest.extend(chunk);
+    }
+    check(rest == b"second\n", || {
+        format!("rest {:?}", String::from_utf8_lossy(&rest))
+    })?;
+    check(
+        text(&outcome) == "first\nsecond\n" && outcome.exit_code == Some(0),
+        || format!("{outcome:?}"),
+    )
+}
+
+async fn an_abandoned_stream_kills_the_process(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let spec = streamed(
+        "echo up; sleep 1000 & sleep 1001",
+        Duration::from_secs(60),
+        tx,
+    );
+    let run = c.runtime.run(&id, &spec);
+    tokio::pin!(run);
+    tokio::select! {
+        _ = rx.recv() => {}
+        outcome = &mut run => return Err(fail(format!("ended early: {outcome:?}"))),
+    }
+    let started = Instant::now();
+    drop(rx);
+    let outcome = run.await?;
+    check(outcome.exit_code.is_none() && !outcome.timed_out, || {
+        format!("{outcome:?}")
+    })?;
+    check(started.elapsed() < Duration::from_secs(10), || {
+        format!("killed after {:?}", started.elapsed())
+    })?;
+    let ps = c
+        .sh(
+            &id,
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
+        )
+        .await?;
+    let listing = text(&ps);
+    check(!listing.contains("sleep 100"), || {
+        format!("still running: {listing}")
     })
 }
 
@@ -518,6 +611,7 @@ async fn run_in_a_missing_machine_is_not_found(c: &Context<'_>) -> Result<(), Ou
                 timeout: Duration::from_secs(5),
                 output_limit: 10,
                 stdin: None,
+                output: None,
             },
         )
         .await
@@ -552,6 +646,7 @@ async fn throwaway_sees_the_workspace_and_leaves_nothing(c: &Context<'_>) -> Res
                 timeout: Duration::from_secs(60),
                 output_limit: 4096,
                 stdin: None,
+                output: None,
             },
         })
         .await?;
@@ -618,6 +713,7 @@ async fn throwaway_time_out_is_reported_and_cleaned_up(c: &Context<'_>) -> Resul
                 timeout: Duration::from_secs(1),
                 output_limit: 4096,
                 stdin: None,
+                output: None,
             },
         })
         .await?;

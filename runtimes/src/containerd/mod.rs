@@ -372,8 +372,12 @@ impl Containerd {
             gid: user.gid,
         });
         let exec_id = unique("exec");
-        let mut fifo = OutputFifo::create(&self.fifo_dir.join(&exec_id), spec_in.output_limit)
-            .map_err(|e| RuntimeError::Other(format!("cannot make an output FIFO: {e}")))?;
+        let mut fifo = OutputFifo::create(
+            &self.fifo_dir.join(&exec_id),
+            spec_in.output_limit,
+            spec_in.output.clone(),
+        )
+        .map_err(|e| RuntimeError::Other(format!("cannot make an output FIFO: {e}")))?;
         let fifo_path = fifo.path().display().to_string();
         let input = self.input_fifo(&exec_id, spec_in.stdin.as_ref())?;
         let started_at = Instant::now();
@@ -396,7 +400,7 @@ impl Containerd {
             .await
             .map_err(|e| classify(&format!("starting a process in {id}"), e))?;
         let outcome = self
-            .start_and_wait(id, &exec_id, spec_in.timeout, &mut fifo, input)
+            .start_and_wait(id, &exec_id, spec_in, &mut fifo, input)
             .await;
         let _ = self
             .conn
@@ -433,7 +437,7 @@ impl Containerd {
         &self,
         id: &str,
         exec_id: &str,
-        timeout: Duration,
+        process: &ProcessSpec,
         fifo: &mut OutputFifo,
         input: Option<InputFifo>,
     ) -> Result<(Option<i32>, bool)> {
@@ -473,35 +477,23 @@ impl Containerd {
         let mut waiter = self.conn.tasks();
         let wait = waiter.wait(wait_request);
         tokio::pin!(wait);
-        let (status, timed_out) = match tokio::time::timeout(timeout, &mut wait).await {
-            Ok(r) => (r, false),
-            Err(_) => {
-                tracing::info!(
-                    machine = id,
-                    pid,
-                    "process ran past its bound; killing it and its descendants"
-                );
-                if exec_id.is_empty() {
-                    let _ = tasks
-                        .kill(self.conn.request(KillRequest {
-                            container_id: id.to_owned(),
-                            exec_id: String::new(),
-                            signal: 9,
-                            all: true,
-                        }))
-                        .await;
-                } else {
-                    crate::host::kill_tree(pid);
-                    let _ = tasks
-                        .kill(self.conn.request(KillRequest {
-                            container_id: id.to_owned(),
-                            exec_id: exec_id.to_owned(),
-                            signal: 9,
-                            all: false,
-                        }))
-                        .await;
-                }
-                (wait.await, true)
+        let abandoned = async {
+            match &process.output {
+                Some(sink) => sink.closed().await,
+                None => std::future::pending().await,
+            }
+        };
+        let (status, timed_out, killed) = tokio::select! {
+            status = &mut wait => (status, false, false),
+            _ = tokio::time::sleep(process.timeout) => {
+                tracing::info!(machine = id, pid, "process ran past its bound; killing it and its descendants");
+                self.kill_process(id, exec_id, pid).await;
+                (wait.await, true, true)
+            }
+            _ = abandoned => {
+                tracing::info!(machine = id, pid, "nobody reads the output any more; killing the process and its descendants");
+                self.kill_process(id, exec_id, pid).await;
+                (wait.await, false, true)
             }
         };
         let status = status
@@ -509,12 +501,30 @@ impl Containerd {
             .into_inner()
             .exit_status;
         // Killed processes report 128+signal; a killed one has no exit code of its own.
-        let exit_code = if timed_out {
+        let exit_code = if killed {
             None
         } else {
             i32::try_from(status).ok()
         };
         Ok((exit_code, timed_out))
+    }
+
+    /// Kills process `exec_id` of task `id` (host pid `pid`) and everything it started; for
+    /// the task itself (empty `exec_id`), every process in the container.
+    async fn kill_process(&self, id: &str, exec_id: &str, pid: u32) {
+        if !exec_id.is_empty() {
+            crate::host::kill_tree(pid);
+        }
+        let _ = self
+            .conn
+            .tasks()
+            .kill(self.conn.request(KillRequest {
+                container_id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+                signal: 9,
+                all: exec_id.is_empty(),
+            }))
+            .await;
     }
 }
 
@@ -610,9 +620,12 @@ impl Runtime for Containerd {
             )
             .await?;
         let outcome = async {
-            let mut fifo =
-                OutputFifo::create(&self.fifo_dir.join(&id), spec_in.process.output_limit)
-                    .map_err(|e| RuntimeError::Other(format!("cannot make an output FIFO: {e}")))?;
+            let mut fifo = OutputFifo::create(
+                &self.fifo_dir.join(&id),
+                spec_in.process.output_limit,
+                spec_in.process.output.clone(),
+            )
+            .map_err(|e| RuntimeError::Other(format!("cannot make an output FIFO: {e}")))?;
             let input = self.input_fifo(&id, spec_in.process.stdin.as_ref())?;
             let started_at = Instant::now();
             let fifo_path = fifo.path().display().to_string();
@@ -637,7 +650,7 @@ impl Runtime for Containerd {
                 .await
                 .map_err(|e| classify("creating a throwaway task", e))?;
             let (exit_code, timed_out) = self
-                .start_and_wait(&id, "", spec_in.process.timeout, &mut fifo, input)
+                .start_and_wait(&id, "", &spec_in.process, &mut fifo, input)
                 .await?;
             let (output, output_truncated) = fifo.collect(OUTPUT_GRACE).await;
             Ok(ProcessOutcome {
