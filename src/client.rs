@@ -67,6 +67,61 @@ impl Answer {
     }
 }
 
+/// An answer whose body is read line by line as it arrives.
+pub struct Streamed {
+    pub status: StatusCode,
+    /// Whether the daemon answered with an NDJSON stream (errors come as plain JSON).
+    pub streaming: bool,
+    body: hyper::body::Incoming,
+    buffer: Vec<u8>,
+    endpoint: String,
+}
+
+impl Streamed {
+    /// The next line without its newline; `None` at the end.
+    pub async fn next_line(&mut self) -> Result<Option<String>, ClientError> {
+        loop {
+            if let Some(at) = self.buffer.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=at).collect();
+                return Ok(Some(String::from_utf8_lossy(&line[..at]).into_owned()));
+            }
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buffer.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(ClientError::Http {
+                        endpoint: self.endpoint.clone(),
+                        reason: e.to_string(),
+                    })
+                }
+                None if self.buffer.is_empty() => return Ok(None),
+                None => {
+                    let rest = std::mem::take(&mut self.buffer);
+                    return Ok(Some(String::from_utf8_lossy(&rest).into_owned()));
+                }
+            }
+        }
+    }
+
+    /// Everything left, as one body (for plain JSON answers).
+    pub async fn rest(mut self) -> Result<Bytes, ClientError> {
+        let mut all = std::mem::take(&mut self.buffer);
+        while let Some(frame) = self.body.frame().await {
+            let frame = frame.map_err(|e| ClientError::Http {
+                endpoint: self.endpoint.clone(),
+                reason: e.to_string(),
+            })?;
+            if let Ok(data) = frame.into_data() {
+                all.extend_from_slice(&data);
+            }
+        }
+        Ok(Bytes::from(all))
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Client {
     endpoint: Endpoint,
@@ -85,34 +140,7 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Answer, ClientError> {
-        let mut request = Request::builder().method(method).uri(path);
-        request = match &self.endpoint {
-            Endpoint::Unix(_) => request.header("host", "naryad"),
-            Endpoint::Tcp(authority) => request.header("host", authority.as_str()),
-        };
-        if let Some(token) = &self.token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        if body.is_some() {
-            request = request.header("content-type", "application/json");
-        }
-        let request = request
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| self.http_error(e))?;
-        let response = match &self.endpoint {
-            Endpoint::Unix(path) => {
-                let stream = UnixStream::connect(path)
-                    .await
-                    .map_err(|e| self.connect_error(e))?;
-                self.exchange(stream, request).await?
-            }
-            Endpoint::Tcp(authority) => {
-                let stream = TcpStream::connect(authority.as_str())
-                    .await
-                    .map_err(|e| self.connect_error(e))?;
-                self.exchange(stream, request).await?
-            }
-        };
+        let response = self.open(method, path, body, None).await?;
         let status = response.status();
         let headers = response.headers().clone();
         let body = response
@@ -126,6 +154,73 @@ impl Client {
             headers,
             body,
         })
+    }
+
+    /// Sends `value` as a JSON body asking for an NDJSON stream; the answer's lines can be read
+    /// as they arrive.
+    pub async fn stream_json(
+        &self,
+        method: Method,
+        path: &str,
+        value: &serde_json::Value,
+    ) -> Result<Streamed, ClientError> {
+        let body = serde_json::to_vec(value).map_err(|e| self.http_error(e))?;
+        let response = self
+            .open(method, path, Some(body), Some("application/x-ndjson"))
+            .await?;
+        let status = response.status();
+        let streaming = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/x-ndjson"));
+        Ok(Streamed {
+            status,
+            streaming,
+            body: response.into_body(),
+            buffer: Vec::new(),
+            endpoint: self.endpoint.to_string(),
+        })
+    }
+
+    async fn open(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        accept: Option<&str>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
+        let mut request = Request::builder().method(method).uri(path);
+        request = match &self.endpoint {
+            Endpoint::Unix(_) => request.header("host", "naryad"),
+            Endpoint::Tcp(authority) => request.header("host", authority.as_str()),
+        };
+        if let Some(token) = &self.token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        if body.is_some() {
+            request = request.header("content-type", "application/json");
+        }
+        if let Some(accept) = accept {
+            request = request.header("accept", accept);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| self.http_error(e))?;
+        match &self.endpoint {
+            Endpoint::Unix(path) => {
+                let stream = UnixStream::connect(path)
+                    .await
+                    .map_err(|e| self.connect_error(e))?;
+                self.exchange(stream, request).await
+            }
+            Endpoint::Tcp(authority) => {
+                let stream = TcpStream::connect(authority.as_str())
+                    .await
+                    .map_err(|e| self.connect_error(e))?;
+                self.exchange(stream, request).await
+            }
+        }
     }
 
     /// Sends `value` as a JSON body.

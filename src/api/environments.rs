@@ -1,17 +1,18 @@
 //! Handlers for `/v1/environments` and `/v1/organisation`: extract, call the domain, map.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::extract::{IdPath, JsonBody};
 use super::types::{
     ConnectGitHubBody, CreateBody, EnvironmentList, EnvironmentView, ExecBody, ExecResult,
 };
-use super::{ApiError, AppState, ErrorBody};
+use super::{stream, ApiError, AppState, ErrorBody};
 use crate::auth::Principal;
 use crate::config::parse_duration;
-use crate::environments::{CreateRequest, Created};
+use crate::environments::{CreateRequest, Created, ExecRequest};
 
 /// The answer of operations whose runtime back end this daemon does not have yet.
 fn no_backend(what: &str) -> ApiError {
@@ -35,13 +36,58 @@ fn no_backend(what: &str) -> ApiError {
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<CreateBody>,
-) -> Result<(StatusCode, Json<EnvironmentView>), ApiError> {
+) -> Result<Response, ApiError> {
     let request = CreateRequest::validate(&body.id, body.setup, body.repository.as_deref())?;
-    Ok(match state.environments.create(principal, request).await? {
-        Created::New(record) => (StatusCode::CREATED, Json(EnvironmentView::from(&record))),
-        Created::Existing(record) => (StatusCode::OK, Json(EnvironmentView::from(&record))),
-    })
+    if !stream::wants_ndjson(&headers) {
+        return Ok(match state.environments.create(principal, request).await? {
+            Created::New(record) => {
+                (StatusCode::CREATED, Json(EnvironmentView::from(&record))).into_response()
+            }
+            Created::Existing(record) => {
+                (StatusCode::OK, Json(EnvironmentView::from(&record))).into_response()
+            }
+        });
+    }
+    // A repeat of a create still provisioning streams its progress from here on.
+    if let Some(events) = state
+        .environments
+        .join_in_flight(&principal, &request)
+        .await?
+    {
+        let task = state.environments.start_create(principal, request, None);
+        return Ok(stream::ndjson(
+            StatusCode::OK,
+            stream::create_progress(events, task),
+        ));
+    }
+    let (announce, announced) = tokio::sync::oneshot::channel();
+    let task = state
+        .environments
+        .start_create(principal, request, Some(announce));
+    match announced.await {
+        Ok(events) => Ok(stream::ndjson(
+            StatusCode::CREATED,
+            stream::create_progress(events, task),
+        )),
+        // Provisioning never started: the create's answer is known now, and errors are plain.
+        Err(_) => {
+            let created = task
+                .await
+                .map_err(|e| ApiError::Internal(format!("the create task failed: {e}")))??;
+            let (status, record) = match created {
+                Created::New(record) => (StatusCode::CREATED, record),
+                Created::Existing(record) => (StatusCode::OK, record),
+            };
+            let line = serde_json::json!({"environment": EnvironmentView::from(&record)});
+            let bytes = format!("{line}\n");
+            Ok(stream::ndjson(
+                status,
+                futures_util::stream::iter([Ok(axum::body::Bytes::from(bytes))]),
+            ))
+        }
+    }
 }
 
 /// One environment of the caller's organisation.
@@ -117,31 +163,83 @@ pub async fn exec(
     State(state): State<AppState>,
     principal: Principal,
     IdPath(id): IdPath,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<ExecBody>,
-) -> Result<Json<ExecResult>, ApiError> {
-    if body.argv.is_empty() {
+) -> Result<Response, ApiError> {
+    let request = exec_request(&state, body)?;
+    state.environments.check_ready(&principal, &id).await?;
+    let (chunks, mut chunks_rx) = tokio::sync::mpsc::channel(64);
+    // The command runs in a task of its own that ends when it does; this request holds the
+    // receiving end of its output, so a client that goes away takes the command with it.
+    let task = tokio::spawn(
+        state
+            .environments
+            .clone()
+            .exec(principal, id, request, chunks),
+    );
+    if stream::wants_ndjson(&headers) {
+        return Ok(stream::ndjson(
+            StatusCode::OK,
+            stream::exec_output(chunks_rx, task),
+        ));
+    }
+    while chunks_rx.recv().await.is_some() {}
+    let outcome = task
+        .await
+        .map_err(|e| ApiError::Internal(format!("the exec task failed: {e}")))??;
+    Ok(Json(ExecResult {
+        exit_code: outcome.exit_code.map(i64::from),
+        timed_out: outcome.timed_out,
+        output: String::from_utf8_lossy(&outcome.output).into_owned(),
+        output_truncated: outcome.output_truncated,
+        duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
+    })
+    .into_response())
+}
+
+/// Checks an exec body against the contract and this host's limits.
+fn exec_request(state: &AppState, body: ExecBody) -> Result<ExecRequest, ApiError> {
+    if body.argv.is_empty() || body.argv[0].is_empty() {
         return Err(ApiError::BadBody(
             "argv must name a command: give a non-empty array of strings".to_owned(),
         ));
     }
-    if let Some(timeout) = &body.timeout {
-        let timeout =
-            parse_duration(timeout).map_err(|e| ApiError::BadBody(format!("timeout: {e}")))?;
-        let limit = state.config.environment.exec_timeout.0;
-        if timeout > limit {
-            return Err(ApiError::BadBody(format!(
-                "timeout {} exceeds this host's limit of {}",
-                humantime::format_duration(timeout),
-                humantime::format_duration(limit)
-            )));
+    let limit = state.config.environment.exec_timeout.0;
+    let timeout = match &body.timeout {
+        None => limit,
+        Some(text) => {
+            let timeout =
+                parse_duration(text).map_err(|e| ApiError::BadBody(format!("timeout: {e}")))?;
+            if timeout > limit || timeout.is_zero() {
+                return Err(ApiError::BadBody(format!(
+                    "timeout {text:?} must be more than zero and at most this host's limit of {}",
+                    humantime::format_duration(limit)
+                )));
+            }
+            timeout
         }
+    };
+    if let Some(bad) = body
+        .env
+        .keys()
+        .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+    {
+        return Err(ApiError::BadBody(format!(
+            "env key {bad:?} is not a variable name: no \"=\", no NUL, not empty"
+        )));
     }
-    state
-        .store
-        .get(&principal.organisation, id.as_str())
-        .await?
-        .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
-    Err(no_backend("running a command"))
+    if let Some(cwd) = body.cwd.as_deref().filter(|c| !c.starts_with('/')) {
+        return Err(ApiError::BadBody(format!(
+            "cwd {cwd:?} must be an absolute path inside the environment"
+        )));
+    }
+    Ok(ExecRequest {
+        argv: body.argv,
+        env: body.env,
+        cwd: body.cwd,
+        timeout,
+        stdin: body.stdin.map(String::into_bytes),
+    })
 }
 
 /// Re-provision a `gone` environment from its pinned digest.

@@ -100,6 +100,7 @@ impl From<EnvironmentError> for ApiError {
             }
             EnvironmentError::SetupUnrecorded(_) => ApiError::SetupUnrecorded(message),
             EnvironmentError::NotFound(id) => ApiError::NotFound(id),
+            EnvironmentError::NotReady(_) => ApiError::NotReady(message),
             EnvironmentError::GitHubNotConfigured => ApiError::GitHubNotConnected(message),
             EnvironmentError::RuntimeUnavailable(_) => ApiError::RuntimeUnavailable(message),
             EnvironmentError::ImageUnavailable(_) => ApiError::ImageUnavailable(message),

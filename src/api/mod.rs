@@ -3,6 +3,7 @@
 mod environments;
 mod error;
 mod extract;
+mod stream;
 pub mod types;
 
 use std::sync::Arc;

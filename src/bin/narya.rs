@@ -1,6 +1,6 @@
 //! `narya`: the command-line client of Narya host.
 
-use std::io::Write;
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -58,6 +58,9 @@ enum EnvCommand {
         /// A repository the organisation connected, as OWNER/NAME.
         #[arg(long)]
         repository: Option<String>,
+        /// Print the clone and setup output as it happens.
+        #[arg(long, short)]
+        follow: bool,
     },
     /// Show one environment.
     Get { id: String },
@@ -68,9 +71,18 @@ enum EnvCommand {
     /// Run a command in a ready environment.
     Exec {
         id: String,
-        /// The longest the command may run, e.g. "10m".
+        /// The longest the command may run, e.g. "10m" (default: the host's limit).
         #[arg(long)]
         timeout: Option<String>,
+        /// The working directory inside the environment (default: the workspace).
+        #[arg(long)]
+        cwd: Option<String>,
+        /// An environment variable for the command, KEY=VALUE; repeatable.
+        #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// Do not send this terminal's standard input (it is sent when it is not a terminal).
+        #[arg(long, short = 'n')]
+        no_stdin: bool,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -186,6 +198,7 @@ async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyho
             id,
             setup,
             repository,
+            follow,
         } => {
             let mut body = json!({ "id": id });
             if let Some(path) = setup {
@@ -196,9 +209,7 @@ async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyho
             if let Some(repository) = repository {
                 body["repository"] = json!(repository);
             }
-            client
-                .send_json(Method::POST, "/v1/environments", &body)
-                .await?
+            return create_streamed(client, &body, json_out, *follow).await;
         }
         EnvCommand::Get { id } => {
             client
@@ -222,19 +233,39 @@ async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyho
         EnvCommand::Exec {
             id,
             timeout,
+            cwd,
+            env,
+            no_stdin,
             command,
         } => {
             let mut body = json!({ "argv": command });
             if let Some(timeout) = timeout {
                 body["timeout"] = json!(timeout);
             }
-            client
-                .send_json(
-                    Method::POST,
-                    &format!("/v1/environments/{}/exec", path_segment(id)),
-                    &body,
-                )
-                .await?
+            if let Some(cwd) = cwd {
+                body["cwd"] = json!(cwd);
+            }
+            let mut vars = serde_json::Map::new();
+            for pair in env {
+                let Some((key, value)) = pair.split_once('=') else {
+                    return Err(usage(format!("--env {pair:?}: write KEY=VALUE")));
+                };
+                vars.insert(key.to_owned(), json!(value));
+            }
+            if !vars.is_empty() {
+                body["env"] = serde_json::Value::Object(vars);
+            }
+            if !no_stdin && !std::io::stdin().is_terminal() {
+                let mut input = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut input)
+                    .context("cannot read standard input (pass -n to send none)")?;
+                if !input.is_empty() {
+                    body["stdin"] = json!(input);
+                }
+            }
+            let path = format!("/v1/environments/{}/exec", path_segment(id));
+            return exec_streamed(client, &path, &body).await;
         }
     };
     if report_error(&answer) {
@@ -253,18 +284,7 @@ async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyho
             print_table(&mut out, &list.environments)?;
         }
         EnvCommand::Delete { id } => writeln!(out, "deleted {id}")?,
-        EnvCommand::Exec { .. } => {
-            let result: narya::api::types::ExecResult = serde_json::from_slice(&answer.body)
-                .context("the daemon's answer is not an exec result")?;
-            out.write_all(result.output.as_bytes())?;
-            out.flush()?;
-            let code = match (result.timed_out, result.exit_code) {
-                (true, _) => 124,
-                (false, Some(code)) => u8::try_from(code).unwrap_or(1),
-                (false, None) => 137,
-            };
-            std::process::exit(i32::from(code));
-        }
+        EnvCommand::Exec { .. } => {}
         EnvCommand::Create { .. } | EnvCommand::Get { .. } => {
             let env: EnvironmentView = serde_json::from_slice(&answer.body)
                 .context("the daemon's answer is not an environment")?;
@@ -278,6 +298,152 @@ async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyho
         }
     }
     Ok(Outcome::Done)
+}
+
+/// Creates with a streamed answer: progress on stderr as it happens (the clone and setup output
+/// too with `--follow`), the environment on stdout at the end.
+async fn create_streamed(
+    client: &Client,
+    body: &serde_json::Value,
+    json_out: bool,
+    follow: bool,
+) -> anyhow::Result<Outcome> {
+    let mut answer = client
+        .stream_json(Method::POST, "/v1/environments", body)
+        .await?;
+    if !answer.streaming {
+        let status = answer.status;
+        let body = answer.rest().await?;
+        report_error(&Answer {
+            status,
+            headers: Default::default(),
+            body,
+        });
+        return Ok(Outcome::ApiError);
+    }
+    let terminal = std::io::stderr().is_terminal();
+    let started = std::time::Instant::now();
+    let mut step_started: std::collections::HashMap<String, std::time::Instant> =
+        Default::default();
+    let mut environment = None;
+    while let Some(line) = answer.next_line().await? {
+        let event: serde_json::Value = serde_json::from_str(&line)
+            .with_context(|| format!("the daemon sent a line that is not JSON: {line:?}"))?;
+        if let Some(env) = event.get("environment") {
+            environment = Some(env.clone());
+            continue;
+        }
+        if let Some(error) = event.get("error") {
+            eprintln!(
+                "error {}: {}",
+                error["code"].as_str().unwrap_or("NRY-0099"),
+                error["message"].as_str().unwrap_or("the create failed")
+            );
+            return Ok(Outcome::ApiError);
+        }
+        if json_out {
+            continue;
+        }
+        let step = event["step"].as_str().unwrap_or("?").to_owned();
+        if let Some(output) = event.get("output").and_then(|o| o.as_str()) {
+            if follow {
+                print!("{output}");
+                std::io::stdout().flush()?;
+            }
+            continue;
+        }
+        match event["state"].as_str() {
+            Some("started") => {
+                step_started.insert(step.clone(), std::time::Instant::now());
+                if terminal {
+                    eprintln!("  {step:<8} …");
+                } else {
+                    eprintln!("{step} started");
+                }
+            }
+            Some("finished") => {
+                let took = step_started
+                    .get(&step)
+                    .map(|at| at.elapsed().as_secs_f64())
+                    .unwrap_or_default();
+                if terminal {
+                    eprintln!("\x1b[1A\x1b[2K  {step:<8} done  {took:.1}s");
+                } else {
+                    eprintln!("{step} finished in {took:.1}s");
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(environment) = environment else {
+        eprintln!("error: the daemon's stream ended without the environment");
+        return Ok(Outcome::ApiError);
+    };
+    let mut out = std::io::stdout().lock();
+    if json_out {
+        writeln!(out, "{environment}")?;
+    } else {
+        let env: EnvironmentView = serde_json::from_value(environment.clone())
+            .context("the daemon's answer is not an environment")?;
+        print_environment(&mut out, &env, answer.status == StatusCode::OK)?;
+        if !terminal {
+            writeln!(out, "({:.1}s)", started.elapsed().as_secs_f64())?;
+        }
+    }
+    let unusable = environment["status"] == "unusable";
+    Ok(if unusable {
+        Outcome::ApiError
+    } else {
+        Outcome::Done
+    })
+}
+
+/// Runs a command with its output streamed to stdout; exits with the command's exit code
+/// (124 when it ran past its time-out, as timeout(1) does; 137 when it was killed).
+async fn exec_streamed(
+    client: &Client,
+    path: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<Outcome> {
+    let mut answer = client.stream_json(Method::POST, path, body).await?;
+    if !answer.streaming {
+        let status = answer.status;
+        let body = answer.rest().await?;
+        report_error(&Answer {
+            status,
+            headers: Default::default(),
+            body,
+        });
+        return Ok(Outcome::ApiError);
+    }
+    let mut stdout = std::io::stdout();
+    while let Some(line) = answer.next_line().await? {
+        let event: serde_json::Value = serde_json::from_str(&line)
+            .with_context(|| format!("the daemon sent a line that is not JSON: {line:?}"))?;
+        if let Some(output) = event.get("output").and_then(|o| o.as_str()) {
+            stdout.write_all(output.as_bytes())?;
+            stdout.flush()?;
+        } else if let Some(error) = event.get("error") {
+            eprintln!(
+                "error {}: {}",
+                error["code"].as_str().unwrap_or("NRY-0099"),
+                error["message"].as_str().unwrap_or("the command failed")
+            );
+            return Ok(Outcome::ApiError);
+        } else if event.get("timed_out").is_some() {
+            let code = if event["timed_out"] == true {
+                124
+            } else {
+                match event["exit_code"].as_i64() {
+                    Some(code) => i32::try_from(code).unwrap_or(1),
+                    None => 137,
+                }
+            };
+            std::process::exit(code);
+        }
+    }
+    eprintln!("error: the daemon's stream ended without the command's exit");
+    Ok(Outcome::ApiError)
 }
 
 /// Prints an error answer as `error NRY-NNNN: message`; whether the answer was one.

@@ -6,9 +6,13 @@ use std::str::FromStr;
 
 use sha2::{Digest as _, Sha256};
 
+mod exec;
+mod progress;
 mod provision;
 
-pub use provision::{now_rfc3339, Created, EnvironmentError, Environments, PROVISIONING};
+pub use exec::ExecRequest;
+pub use progress::{Progress, Utf8Chunks};
+pub use provision::{now_rfc3339, Announce, Created, EnvironmentError, Environments, PROVISIONING};
 
 /// The longest a setup script may be, in characters.
 pub const SETUP_MAX_CHARS: usize = 65536;

@@ -12,10 +12,11 @@ use narya_runtimes::{
 };
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+use tokio::sync::broadcast;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::{CreateRequest, EnvironmentId, Status};
+use super::{CreateRequest, EnvironmentId, Progress, Status, Utf8Chunks};
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::store::{EnvironmentRecord, SetupRecord, Store, StoreError};
@@ -43,6 +44,8 @@ pub enum EnvironmentError {
     SetupUnrecorded(String),
     #[error("no environment {0:?} in your organisation")]
     NotFound(String),
+    #[error("{0}")]
+    NotReady(String),
     #[error("repository-carrying creates need the host's GitHub App: add a [github] section (app_id, private_key) to the daemon's configuration; nothing was created")]
     GitHubNotConfigured,
     #[error(
@@ -67,6 +70,13 @@ impl From<RuntimeError> for EnvironmentError {
     }
 }
 
+/// Told once provisioning has started (the identifier is now held and the row inserted): the
+/// events of the create from its beginning.
+pub type Announce = tokio::sync::oneshot::Sender<broadcast::Receiver<Progress>>;
+
+/// How many events a slow streaming reader may fall behind before it misses some.
+const PROGRESS_BACKLOG: usize = 1024;
+
 /// How a create ended: made now, or found as it already was.
 pub enum Created {
     New(EnvironmentRecord),
@@ -75,11 +85,27 @@ pub enum Created {
 
 /// The environments of this host: create, delete, and the locks that keep them apart.
 pub struct Environments {
-    store: Store,
-    runtime: Arc<dyn Runtime>,
-    config: Arc<Config>,
+    pub(super) store: Store,
+    pub(super) runtime: Arc<dyn Runtime>,
+    pub(super) config: Arc<Config>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     tasks: TaskTracker,
+    /// The progress of creates that are provisioning now, for repeats that join them.
+    in_flight: Mutex<HashMap<String, broadcast::Sender<Progress>>>,
+}
+
+/// Forgets a create's progress channel when it ends, however it ends.
+struct InFlight<'a> {
+    owner: &'a Environments,
+    id: String,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut in_flight) = self.owner.in_flight.lock() {
+            in_flight.remove(&self.id);
+        }
+    }
 }
 
 /// Holds one identifier's lock; forgets the lock when nobody else waits for it.
@@ -123,6 +149,7 @@ impl Environments {
             config,
             locks: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
+            in_flight: Mutex::new(HashMap::new()),
         }
     }
 
@@ -157,19 +184,54 @@ impl Environments {
         principal: Principal,
         request: CreateRequest,
     ) -> Result<Created, EnvironmentError> {
+        self.start_create(principal, request, None)
+            .await
+            .map_err(|e| EnvironmentError::Internal(format!("the create task failed: {e}")))?
+    }
+
+    /// Starts a create in its own task; `announce` hears when provisioning has started.
+    pub fn start_create(
+        self: &Arc<Self>,
+        principal: Principal,
+        request: CreateRequest,
+        announce: Option<Announce>,
+    ) -> tokio::task::JoinHandle<Result<Created, EnvironmentError>> {
         let this = self.clone();
         let span = tracing::info_span!("create", environment.id = %request.id, organisation = %principal.organisation);
-        let task = self.tasks.spawn(
-            async move { this.create_serialised(principal, request).await }.instrument(span),
-        );
-        task.await
-            .map_err(|e| EnvironmentError::Internal(format!("the create task failed: {e}")))?
+        self.tasks.spawn(
+            async move { this.create_serialised(principal, request, announce).await }
+                .instrument(span),
+        )
+    }
+
+    /// The progress of a create of the same environment (same organisation, same setup and
+    /// repository) that is provisioning right now, from this moment on.
+    pub async fn join_in_flight(
+        &self,
+        principal: &Principal,
+        request: &CreateRequest,
+    ) -> Result<Option<broadcast::Receiver<Progress>>, EnvironmentError> {
+        let events = {
+            let in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            match in_flight.get(request.id.as_str()) {
+                Some(sender) => sender.subscribe(),
+                None => return Ok(None),
+            }
+        };
+        let row = self
+            .store
+            .get(&principal.organisation, request.id.as_str())
+            .await?;
+        Ok(row
+            .filter(|r| !r.setup_recorded && r.fingerprint == request.fingerprint())
+            .map(|_| events))
     }
 
     async fn create_serialised(
         &self,
         principal: Principal,
         request: CreateRequest,
+        announce: Option<Announce>,
     ) -> Result<Created, EnvironmentError> {
         let id = request.id.as_str().to_owned();
         let _guard = self.lock(&id).await;
@@ -198,7 +260,10 @@ impl Environments {
                 .map(Created::Existing);
         }
         match self.runtime.inspect(&id).await? {
-            MachineState::Missing => self.provision(&principal, &request).await.map(Created::New),
+            MachineState::Missing => self
+                .provision(&principal, &request, announce)
+                .await
+                .map(Created::New),
             _ if carries_setup => Err(EnvironmentError::SetupUnrecorded(id)),
             state => self
                 .adopt_orphan(&principal, &request.id, state, &fingerprint)
@@ -333,11 +398,15 @@ impl Environments {
         &self,
         principal: &Principal,
         request: &CreateRequest,
+        announce: Option<Announce>,
     ) -> Result<EnvironmentRecord, EnvironmentError> {
         if request.repository.is_some() && self.config.github.is_none() {
             return Err(EnvironmentError::GitHubNotConfigured);
         }
         let id = request.id.as_str();
+        // Subscribed now so the image events reach the announced stream too.
+        let (events, from_the_start) = broadcast::channel(PROGRESS_BACKLOG);
+        let _ = events.send(Progress::started("image"));
         let pinned = self
             .runtime
             .ensure_image(&ImageSource {
@@ -362,16 +431,35 @@ impl Environments {
             created_at: now.clone(),
             updated_at: now,
         };
+        let _ = events.send(Progress::finished("image"));
         self.store.insert(&row).await?;
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_owned(), events.clone());
+        let _in_flight = InFlight {
+            owner: self,
+            id: id.to_owned(),
+        };
+        if let Some(announce) = announce {
+            let _ = announce.send(from_the_start);
+        }
 
         let made = async {
             let workspace = self.prepare_workspace(id, true)?;
+            let _ = events.send(Progress::started("machine"));
             self.runtime
                 .create_machine(&self.machine_spec(id, pinned, workspace))
                 .await?;
+            let _ = events.send(Progress::finished("machine"));
             tracing::info!("machine started");
             match &request.setup {
-                Some(script) => self.run_setup(id, script).await.map(Some),
+                Some(script) => {
+                    let _ = events.send(Progress::started("setup"));
+                    let setup = self.run_setup(id, script, &events).await?;
+                    let _ = events.send(Progress::finished("setup"));
+                    Ok(Some(setup))
+                }
                 None => Ok(None),
             }
         }
@@ -397,24 +485,51 @@ impl Environments {
     }
 
     /// Runs the setup script once, bounded, as the unprivileged user in the workspace.
-    async fn run_setup(&self, id: &str, script: &str) -> Result<SetupRecord, EnvironmentError> {
+    async fn run_setup(
+        &self,
+        id: &str,
+        script: &str,
+        events: &broadcast::Sender<Progress>,
+    ) -> Result<SetupRecord, EnvironmentError> {
         let env = &self.config.environment;
         let started_at = SystemTime::now();
-        let outcome = self
-            .runtime
-            .run(
-                id,
-                &ProcessSpec {
-                    argv: vec!["/bin/sh".into(), "-c".into(), SETUP_WRAPPER.into()],
-                    env: BTreeMap::new(),
-                    cwd: None,
-                    timeout: env.setup_timeout.0,
-                    output_limit: env.output_limit,
-                    stdin: Some(script.as_bytes().to_vec()),
-                    output: None,
-                },
-            )
-            .await?;
+        let (chunks, mut chunks_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+        // We read the output ourselves, so nobody's stream going away can stop the setup.
+        let forward = {
+            let events = events.clone();
+            tokio::spawn(async move {
+                let mut text = Utf8Chunks::default();
+                while let Some(chunk) = chunks_rx.recv().await {
+                    let output = text.push(&chunk);
+                    if !output.is_empty() {
+                        let _ = events.send(Progress::Output {
+                            step: "setup",
+                            output,
+                        });
+                    }
+                }
+                let output = text.finish();
+                if !output.is_empty() {
+                    let _ = events.send(Progress::Output {
+                        step: "setup",
+                        output,
+                    });
+                }
+            })
+        };
+        let spec = ProcessSpec {
+            argv: vec!["/bin/sh".into(), "-c".into(), SETUP_WRAPPER.into()],
+            env: BTreeMap::new(),
+            cwd: None,
+            timeout: env.setup_timeout.0,
+            output_limit: env.output_limit,
+            stdin: Some(script.as_bytes().to_vec()),
+            output: Some(chunks),
+        };
+        let outcome = self.runtime.run(id, &spec).await;
+        drop(spec);
+        let _ = forward.await;
+        let outcome = outcome?;
         let state = if outcome.timed_out {
             "timed_out"
         } else if outcome.exit_code == Some(0) {
