@@ -95,6 +95,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
     let runtime = crate::backend::connect(&config)?;
     let environments = Arc::new(Environments::new(store.clone(), runtime, config.clone()));
+    environments.mark_interrupted().await?;
+    let reconciler = tokio::spawn(environments.clone().reconcile_forever());
     let state = AppState {
         config: config.clone(),
         verifier,
@@ -155,6 +157,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             tracing::warn!(error = %e, "a listener ended with an error during shutdown");
         }
     }
+    reconciler.abort();
     tracing::info!("waiting for creates and deletes in flight to record their outcome");
     environments.drain().await;
     if let Err(e) = std::fs::remove_file(&config.listen.socket) {

@@ -14,13 +14,6 @@ use crate::auth::Principal;
 use crate::config::parse_duration;
 use crate::environments::{CreateRequest, Created, ExecRequest};
 
-/// The answer of operations whose runtime back end this daemon does not have yet.
-fn no_backend(what: &str) -> ApiError {
-    ApiError::RuntimeUnavailable(format!(
-        "{what} needs a container runtime back end, and this build of naryad has none yet; nothing was changed"
-    ))
-}
-
 /// Provision an environment (idempotent on its identifier).
 #[utoipa::path(post, path = "/v1/environments", tag = "environments",
     request_body = CreateBody,
@@ -258,12 +251,8 @@ pub async fn replace(
     principal: Principal,
     IdPath(id): IdPath,
 ) -> Result<Json<EnvironmentView>, ApiError> {
-    state
-        .store
-        .get(&principal.organisation, id.as_str())
-        .await?
-        .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
-    Err(no_backend("replacing an environment"))
+    let record = state.environments.replace(principal, id).await?;
+    Ok(Json(EnvironmentView::from(&record)))
 }
 
 /// Connect the organisation's GitHub App installation.

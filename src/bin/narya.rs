@@ -68,6 +68,8 @@ enum EnvCommand {
     List,
     /// Destroy an environment's machine and workspace.
     Delete { id: String },
+    /// Make a gone environment again from its pinned digest, keeping its workspace.
+    Replace { id: String },
     /// Run a command in a ready environment.
     Exec {
         id: String,
@@ -221,6 +223,15 @@ async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyho
                 .await?
         }
         EnvCommand::List => client.send(Method::GET, "/v1/environments", None).await?,
+        EnvCommand::Replace { id } => {
+            client
+                .send(
+                    Method::POST,
+                    &format!("/v1/environments/{}/replace", path_segment(id)),
+                    None,
+                )
+                .await?
+        }
         EnvCommand::Delete { id } => {
             client
                 .send(
@@ -285,7 +296,7 @@ async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyho
         }
         EnvCommand::Delete { id } => writeln!(out, "deleted {id}")?,
         EnvCommand::Exec { .. } => {}
-        EnvCommand::Create { .. } | EnvCommand::Get { .. } => {
+        EnvCommand::Create { .. } | EnvCommand::Get { .. } | EnvCommand::Replace { .. } => {
             let env: EnvironmentView = serde_json::from_slice(&answer.body)
                 .context("the daemon's answer is not an environment")?;
             // A create that leaves an unusable environment did not give the person what they

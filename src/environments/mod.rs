@@ -9,10 +9,13 @@ use sha2::{Digest as _, Sha256};
 mod exec;
 mod progress;
 mod provision;
+mod reconcile;
+mod replace;
 
 pub use exec::ExecRequest;
 pub use progress::{Progress, Utf8Chunks};
 pub use provision::{now_rfc3339, Announce, Created, EnvironmentError, Environments, PROVISIONING};
+pub use reconcile::RUNTIME_UNREACHABLE;
 
 /// The longest a setup script may be, in characters.
 pub const SETUP_MAX_CHARS: usize = 65536;

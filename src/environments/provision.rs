@@ -109,7 +109,7 @@ impl Drop for InFlight<'_> {
 }
 
 /// Holds one identifier's lock; forgets the lock when nobody else waits for it.
-struct IdGuard<'a> {
+pub(super) struct IdGuard<'a> {
     owner: &'a Environments,
     id: String,
     lock: Option<Arc<tokio::sync::Mutex<()>>>,
@@ -153,13 +153,22 @@ impl Environments {
         }
     }
 
+    /// Runs `work` as a tracked task: shutdown waits for it to record its outcome.
+    pub(super) fn tasks_spawn<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(work)
+    }
+
     /// Waits for every create and delete in flight to record its outcome.
     pub async fn drain(&self) {
         self.tasks.close();
         self.tasks.wait().await;
     }
 
-    async fn lock(&self, id: &str) -> IdGuard<'_> {
+    pub(super) async fn lock(&self, id: &str) -> IdGuard<'_> {
         let lock = {
             let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
             locks.entry(id.to_owned()).or_default().clone()
@@ -173,7 +182,22 @@ impl Environments {
         }
     }
 
-    fn workspace(&self, id: &str) -> PathBuf {
+    /// The lock of `id` if nobody holds it now (a create, delete or replace in progress).
+    pub(super) fn try_lock(&self, id: &str) -> Option<IdGuard<'_>> {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(id.to_owned()).or_default().clone()
+        };
+        let guard = lock.clone().try_lock_owned().ok()?;
+        Some(IdGuard {
+            owner: self,
+            id: id.to_owned(),
+            lock: Some(lock),
+            _guard: guard,
+        })
+    }
+
+    pub(super) fn workspace(&self, id: &str) -> PathBuf {
         self.config.workspaces_dir().join(id)
     }
 
@@ -357,7 +381,7 @@ impl Environments {
         Ok(row)
     }
 
-    fn machine_spec(
+    pub(super) fn machine_spec(
         &self,
         id: &str,
         image: narya_runtimes::PinnedImage,
@@ -376,7 +400,11 @@ impl Environments {
 
     /// The workspace directory, owned by the environment's user. `fresh`: whatever a failed
     /// earlier attempt left there goes first.
-    fn prepare_workspace(&self, id: &str, fresh: bool) -> Result<PathBuf, EnvironmentError> {
+    pub(super) fn prepare_workspace(
+        &self,
+        id: &str,
+        fresh: bool,
+    ) -> Result<PathBuf, EnvironmentError> {
         let dir = self.workspace(id);
         let fault = |e: std::io::Error| {
             EnvironmentError::Internal(format!(
@@ -485,7 +513,7 @@ impl Environments {
     }
 
     /// Runs the setup script once, bounded, as the unprivileged user in the workspace.
-    async fn run_setup(
+    pub(super) async fn run_setup(
         &self,
         id: &str,
         script: &str,
@@ -552,7 +580,7 @@ impl Environments {
     /// Takes back a create that failed before its outcome was recorded. When the machine cannot
     /// be removed (the runtime went away), the row stays unrecorded, so the identifier is
     /// refused to setup-carrying creates until someone deletes it.
-    async fn undo(&self, row: &mut EnvironmentRecord, cause: &EnvironmentError) {
+    pub(super) async fn undo(&self, row: &mut EnvironmentRecord, cause: &EnvironmentError) {
         tracing::warn!(error = %cause, "provisioning failed; taking it back");
         match self.runtime.remove(&row.id).await {
             Ok(()) => {

@@ -182,6 +182,37 @@ impl Store {
         rows.iter().map(record_from_row).collect()
     }
 
+    /// Every environment on this host, of every organisation: for the reconciler only, which
+    /// compares them with the runtime and never shows them to anyone.
+    pub async fn list_all(&self) -> Result<Vec<EnvironmentRecord>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM environments ORDER BY id");
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    /// Sets an environment's status and detail, nothing else.
+    pub async fn set_status(
+        &self,
+        organisation: &str,
+        id: &str,
+        status: Status,
+        detail: Option<&str>,
+        at: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE environments SET status = ?, status_detail = ?, updated_at = ? \
+             WHERE organisation = ? AND id = ?",
+        )
+        .bind(status.as_str())
+        .bind(detail)
+        .bind(at)
+        .bind(organisation)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Which organisation holds `id`, if any. Used only to refuse a create, never to show.
     pub async fn holder(&self, id: &str) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT organisation FROM environments WHERE id = ?")

@@ -3,6 +3,7 @@
 
 pub mod e2e;
 pub mod idp;
+pub mod private;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

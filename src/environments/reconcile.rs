@@ -1,0 +1,141 @@
+//! Keeping statuses true: the store compared with the runtime at start-up and then every few
+//! seconds. Stopped machines are started again, missing ones are `gone`, and an unreachable
+//! runtime makes every environment `degraded` until it answers.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use narya_runtimes::{MachineInfo, MachineState, RuntimeError};
+
+use super::{now_rfc3339, Environments, Status};
+use crate::store::EnvironmentRecord;
+
+/// How often the runtime is compared with the store while it answers.
+const POLL: Duration = Duration::from_secs(2);
+/// The longest wait between tries while it does not.
+const BACKOFF_MAX: Duration = Duration::from_secs(4);
+
+pub const RUNTIME_UNREACHABLE: &str =
+    "the container runtime is not answering; the host keeps retrying";
+const RESTARTING: &str = "the machine stopped; the host is starting it again";
+const MISSING: &str =
+    "the runtime no longer has this environment's machine; replace it or create a new one";
+const INTERRUPTED: &str = "its creation was interrupted before the setup state was recorded; delete it and create it again";
+
+impl Environments {
+    /// Marks rows a previous daemon left provisioning: nothing is provisioning them now.
+    pub async fn mark_interrupted(&self) -> Result<(), crate::store::StoreError> {
+        for row in self.store.list_all().await? {
+            if !row.setup_recorded && row.status_detail.as_deref() != Some(INTERRUPTED) {
+                tracing::warn!(environment.id = %row.id, organisation = %row.organisation, "creation was interrupted by a daemon stop");
+                self.store
+                    .set_status(
+                        &row.organisation,
+                        &row.id,
+                        Status::Unusable,
+                        Some(INTERRUPTED),
+                        &now_rfc3339(),
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares store and runtime until the daemon stops.
+    pub async fn reconcile_forever(self: Arc<Self>) {
+        let mut wait = POLL;
+        let mut orphans_reported = HashSet::new();
+        loop {
+            wait = match self.reconcile_once(&mut orphans_reported).await {
+                Ok(()) => POLL,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reconciling failed; retrying");
+                    (wait * 2).min(BACKOFF_MAX)
+                }
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One comparison. An unreachable runtime is not an error of the pass: it is a status.
+    pub async fn reconcile_once(
+        &self,
+        orphans_reported: &mut HashSet<String>,
+    ) -> Result<(), String> {
+        let rows = self.store.list_all().await.map_err(|e| e.to_string())?;
+        let machines = match self.runtime.list().await {
+            Ok(machines) => machines,
+            Err(RuntimeError::Unavailable(e)) => {
+                for row in rows
+                    .iter()
+                    .filter(|r| r.setup_recorded && r.status != Status::Unusable)
+                {
+                    self.settle(row, Status::Degraded, Some(RUNTIME_UNREACHABLE))
+                        .await;
+                }
+                return Err(format!("the runtime is not answering: {e}"));
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let by_id: HashMap<&str, &MachineInfo> =
+            machines.iter().map(|m| (m.id.as_str(), m)).collect();
+        for row in &rows {
+            if !row.setup_recorded || row.status == Status::Unusable {
+                continue;
+            }
+            match by_id.get(row.id.as_str()).map(|m| m.state) {
+                Some(MachineState::Running) => self.settle(row, Status::Ready, None).await,
+                Some(_) => {
+                    self.settle(row, Status::Degraded, Some(RESTARTING)).await;
+                    match self.runtime.start(&row.id).await {
+                        Ok(()) => {
+                            tracing::info!(environment.id = %row.id, "stopped machine started again");
+                            self.settle(row, Status::Ready, None).await;
+                        }
+                        Err(e) => {
+                            tracing::warn!(environment.id = %row.id, error = %e, "could not start a stopped machine; retrying")
+                        }
+                    }
+                }
+                None => self.settle(row, Status::Gone, Some(MISSING)).await,
+            }
+        }
+        let known: HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        for machine in &machines {
+            if !known.contains(machine.id.as_str()) && orphans_reported.insert(machine.id.clone()) {
+                tracing::warn!(machine = %machine.id, digest = ?machine.digest.as_ref().map(ToString::to_string), "a Narya machine the store does not know; a create without setup of this id adopts it");
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `status` for `row` if it changed and no create, delete or replace holds the id.
+    async fn settle(&self, row: &EnvironmentRecord, status: Status, detail: Option<&str>) {
+        if row.status == status && row.status_detail.as_deref() == detail {
+            return;
+        }
+        let Some(_guard) = self.try_lock(&row.id) else {
+            return;
+        };
+        // Re-read under the lock: the row may have changed since the pass began.
+        let Ok(Some(current)) = self.store.get(&row.organisation, &row.id).await else {
+            return;
+        };
+        if !current.setup_recorded
+            || current.status == Status::Unusable
+            || (current.status == status && current.status_detail.as_deref() == detail)
+        {
+            return;
+        }
+        tracing::info!(environment.id = %row.id, from = current.status.as_str(), to = status.as_str(), detail, "status changed");
+        if let Err(e) = self
+            .store
+            .set_status(&row.organisation, &row.id, status, detail, &now_rfc3339())
+            .await
+        {
+            tracing::error!(environment.id = %row.id, error = %e, "could not record a status change");
+        }
+    }
+}

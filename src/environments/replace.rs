@@ -1,0 +1,92 @@
+//! Replacing a `gone` environment: its machine made again from the digest it was pinned to,
+//! its workspace kept, its recorded setup run once more.
+
+use std::sync::Arc;
+
+use narya_runtimes::ImageSource;
+use tracing::Instrument;
+
+use super::{now_rfc3339, EnvironmentError, EnvironmentId, Environments, Progress, Status};
+use crate::auth::Principal;
+use crate::store::EnvironmentRecord;
+
+impl Environments {
+    pub async fn replace(
+        self: &Arc<Self>,
+        principal: Principal,
+        id: EnvironmentId,
+    ) -> Result<EnvironmentRecord, EnvironmentError> {
+        let this = self.clone();
+        let span = tracing::info_span!("replace", environment.id = %id, organisation = %principal.organisation);
+        let task = self.tasks_spawn(
+            async move { this.replace_serialised(principal, id).await }.instrument(span),
+        );
+        task.await
+            .map_err(|e| EnvironmentError::Internal(format!("the replace task failed: {e}")))?
+    }
+
+    async fn replace_serialised(
+        &self,
+        principal: Principal,
+        id: EnvironmentId,
+    ) -> Result<EnvironmentRecord, EnvironmentError> {
+        let _guard = self.lock(id.as_str()).await;
+        let mut row = self
+            .store
+            .get(&principal.organisation, id.as_str())
+            .await?
+            .ok_or_else(|| EnvironmentError::NotFound(id.to_string()))?;
+        // The store may lag the runtime by a poll: ask the runtime itself.
+        let state = self.runtime.inspect(id.as_str()).await?;
+        if row.status != Status::Gone || state != narya_runtimes::MachineState::Missing {
+            return Err(EnvironmentError::NotReady(format!(
+                "environment {id} is {}; replace re-provisions only a gone environment (one whose machine the runtime no longer has)",
+                row.status.as_str()
+            )));
+        }
+        let digest = row
+            .image_digest
+            .parse()
+            .map_err(|e| EnvironmentError::Internal(format!("stored digest of {id}: {e}")))?;
+        // The pinned digest, never a newer one; fetched again if the runtime lost it.
+        let pinned = self
+            .runtime
+            .ensure_image(&ImageSource {
+                reference: self.config.image.reference.clone(),
+                pinned: Some(digest),
+            })
+            .await?;
+        self.store
+            .set_status(
+                &row.organisation,
+                &row.id,
+                Status::Degraded,
+                Some("replacing"),
+                &now_rfc3339(),
+            )
+            .await?;
+        self.runtime.remove(id.as_str()).await?;
+        let workspace = self.prepare_workspace(id.as_str(), false)?;
+        self.runtime
+            .create_machine(&self.machine_spec(id.as_str(), pinned, workspace))
+            .await?;
+        tracing::info!("machine made again from the pinned digest");
+        if let Some(script) = row.setup_script.clone() {
+            let (events, _) = tokio::sync::broadcast::channel::<Progress>(1);
+            let setup = self.run_setup(id.as_str(), &script, &events).await?;
+            row.status = if setup.state == "succeeded" {
+                Status::Ready
+            } else {
+                Status::Unusable
+            };
+            row.setup = Some(setup);
+        } else {
+            row.status = Status::Ready;
+        }
+        row.status_detail = None;
+        row.updated_at = now_rfc3339();
+        self.store.record(&row).await?;
+        tracing::info!(status = row.status.as_str(), "environment replaced");
+        Ok(row)
+    }
+}

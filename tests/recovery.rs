@@ -1,0 +1,404 @@
+//! Truthful status and recovery, against a containerd of each test's own that the test stops,
+//! starts and tampers with from outside.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use hyper::{Method, StatusCode};
+use narya::client::Client;
+use serde_json::{json, Value};
+use support::e2e::{body, create, get, requirements, unique_id, Host, NAMESPACE};
+use support::private::PrivateContainerd;
+
+/// Polls `GET` until `check` holds, within `within`; returns the environment.
+async fn until(
+    client: &Client,
+    id: &str,
+    within: Duration,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let env = body(&get(client, id).await);
+        if check(&env) {
+            return env;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} not {what} within {within:?}: {env}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn exec_output(client: &Client, id: &str, script: &str) -> String {
+    let answer = client
+        .send_json(
+            Method::POST,
+            &format!("/v1/environments/{id}/exec"),
+            &json!({"argv": ["sh", "-c", script]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    body(&answer)["output"].as_str().unwrap().to_owned()
+}
+
+async fn host_on(containerd: &PrivateContainerd) -> Option<Host> {
+    let (_, layout) = requirements()?;
+    let socket = containerd.socket.display().to_string();
+    Some(
+        Host::start_with(
+            &socket,
+            &format!("oci-layout:{layout}"),
+            "",
+            &socket,
+            &layout,
+        )
+        .await,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_that_stops_makes_environments_degraded_until_it_is_back() {
+    if requirements().is_none() {
+        return;
+    }
+    let mut containerd = tokio::task::block_in_place(PrivateContainerd::start);
+    let Some(host) = host_on(&containerd).await else {
+        return;
+    };
+    let client = host.acme();
+    let id = unique_id("outage");
+    let created = create(
+        &client,
+        json!({"id": id, "setup": "echo kept > /workspace/data"}),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let digest = body(&created)["image_digest"].clone();
+
+    tokio::task::block_in_place(|| containerd.stop());
+    let env = until(&client, &id, Duration::from_secs(5), "degraded", |e| {
+        e["status"] == "degraded"
+    })
+    .await;
+    assert!(
+        env["status_detail"]
+            .as_str()
+            .unwrap()
+            .contains("not answering"),
+        "{env}"
+    );
+    let list = client
+        .send(Method::GET, "/v1/environments", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        body(&list)["environments"][0]["status"],
+        "degraded",
+        "LIST tells the truth too"
+    );
+
+    tokio::task::block_in_place(|| containerd.resume());
+    let env = until(&client, &id, Duration::from_secs(10), "ready", |e| {
+        e["status"] == "ready"
+    })
+    .await;
+    assert_eq!(env["image_digest"], digest, "the same pinned digest");
+    assert!(env.get("status_detail").is_none());
+    assert_eq!(
+        exec_output(&client, &id, "cat /workspace/data").await,
+        "kept\n"
+    );
+    host.remove(&id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_killed_from_outside_is_started_again() {
+    if requirements().is_none() {
+        return;
+    }
+    let containerd = tokio::task::block_in_place(PrivateContainerd::start);
+    let Some(host) = host_on(&containerd).await else {
+        return;
+    };
+    let client = host.acme();
+    let id = unique_id("killed");
+    assert_eq!(
+        create(
+            &client,
+            json!({"id": id, "setup": "echo kept > /workspace/data"})
+        )
+        .await
+        .status,
+        StatusCode::CREATED
+    );
+    exec_output(&client, &id, "echo old-task > /tmp/marker").await;
+
+    let killed = containerd.ctr(
+        NAMESPACE,
+        &["task", "kill", "--signal", "SIGKILL", "--all", &id],
+    );
+    assert!(
+        killed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
+    // The host notices and starts it again: ready, with a fresh task and the workspace intact.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let env = body(&get(&client, &id).await);
+        if env["status"] == "ready" {
+            let answer = client
+                .send_json(
+                    Method::POST,
+                    &format!("/v1/environments/{id}/exec"),
+                    &json!({"argv": ["sh", "-c", "cat /tmp/marker 2>/dev/null || echo new-task"]}),
+                )
+                .await
+                .unwrap();
+            if answer.status == StatusCode::OK && body(&answer)["output"] == "new-task\n" {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "not restarted: {env}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        exec_output(&client, &id, "cat /workspace/data").await,
+        "kept\n"
+    );
+    host.remove(&id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_removed_from_outside_is_gone_until_replaced() {
+    if requirements().is_none() {
+        return;
+    }
+    let containerd = tokio::task::block_in_place(PrivateContainerd::start);
+    let Some(host) = host_on(&containerd).await else {
+        return;
+    };
+    let client = host.acme();
+    let id = unique_id("lost");
+    let setup = "echo ran >> /workspace/runs";
+    let created = create(&client, json!({"id": id, "setup": setup})).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let digest = body(&created)["image_digest"].clone();
+
+    let replace_path = format!("/v1/environments/{id}/replace");
+    let refused = client
+        .send(Method::POST, &replace_path, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        refused.status,
+        StatusCode::CONFLICT,
+        "replace of a ready environment"
+    );
+    assert_eq!(refused.error().unwrap().code, "NRY-0042");
+
+    host.remove(&id).await;
+    let env = until(&client, &id, Duration::from_secs(5), "gone", |e| {
+        e["status"] == "gone"
+    })
+    .await;
+    assert!(
+        env["status_detail"].as_str().unwrap().contains("replace"),
+        "{env}"
+    );
+    let exec = client
+        .send_json(
+            Method::POST,
+            &format!("/v1/environments/{id}/exec"),
+            &json!({"argv": ["true"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        exec.error().unwrap().code,
+        "NRY-0042",
+        "no commands in a gone environment"
+    );
+
+    let replaced = client
+        .send(Method::POST, &replace_path, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        replaced.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&replaced.body)
+    );
+    let env = body(&replaced);
+    assert_eq!(env["status"], "ready");
+    assert_eq!(
+        env["image_digest"], digest,
+        "replaced from the pinned digest"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.workspace(&id).join("runs")).unwrap(),
+        "ran\nran\n",
+        "workspace kept, setup run once more"
+    );
+    assert_eq!(body(&get(&client, &id).await), env);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        body(&get(&client, &id).await)["status"],
+        "ready",
+        "the reconciler agrees"
+    );
+    host.remove(&id).await;
+}
+
+/// Repacks the official image with another creation time: the same files, a new digest.
+fn another_image(layout: &str, out: &std::path::Path) -> String {
+    let layout = narya_oci::layout::Layout::open(layout).unwrap();
+    let (manifest, _) = layout.manifest(&layout.resolve().unwrap()).unwrap();
+    let layer = layout.blob_path(&manifest.layers[0].digest);
+    let rootfs = out.with_extension("rootfs.tar");
+    let gunzip = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "gzip -dc {} > {}",
+            layer.display(),
+            rootfs.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(gunzip.success());
+    let packed = std::process::Command::new(env!("CARGO_BIN_EXE_naryad"))
+        .args([
+            "pack-image",
+            "--created",
+            "2030-01-01T00:00:00Z",
+            "--rootfs",
+        ])
+        .arg(&rootfs)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        packed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&packed.stderr)
+    );
+    String::from_utf8(packed.stdout).unwrap().trim().to_owned()
+}
+
+fn push(layout: &std::path::Path, reference: &str) {
+    let pushed = std::process::Command::new("skopeo")
+        .args([
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("oci:{}:official", layout.display()))
+        .arg(format!("docker://{reference}"))
+        .output()
+        .expect("skopeo runs");
+    assert!(
+        pushed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn environments_keep_their_digest_when_the_tag_moves_and_everything_restarts() {
+    let Some((_, layout)) = requirements() else {
+        return;
+    };
+    let Ok(registry) = std::env::var("NARYA_TEST_REGISTRY") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "NARYA_TEST_REGISTRY is not set"
+        );
+        return;
+    };
+    let mut containerd = tokio::task::block_in_place(PrivateContainerd::start);
+    let scratch = tempfile::tempdir().unwrap();
+    let reference = format!("{registry}/narya-test/moving-{}:v", std::process::id());
+    push(std::path::Path::new(&layout), &reference);
+    let old = narya_oci::layout::Layout::open(&layout)
+        .unwrap()
+        .resolve()
+        .unwrap()
+        .to_string();
+
+    let socket = containerd.socket.display().to_string();
+    let mut host = Host::start_with(
+        &socket,
+        &reference,
+        &format!("insecure_registries = [{registry:?}]"),
+        &socket,
+        &layout,
+    )
+    .await;
+    let client = host.acme();
+    let first = unique_id("pinned");
+    let created = create(
+        &client,
+        json!({"id": first, "setup": "echo v1 > /workspace/data"}),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert_eq!(body(&created)["image_digest"], old);
+
+    let newer_dir = scratch.path().join("newer");
+    let new = tokio::task::block_in_place(|| another_image(&layout, &newer_dir));
+    assert_ne!(new, old);
+    tokio::task::block_in_place(|| push(&newer_dir, &reference));
+
+    // Everything stops and starts again: the daemon and the runtime.
+    tokio::task::block_in_place(|| {
+        assert_eq!(host.daemon.terminate().code(), Some(0));
+        containerd.stop();
+        containerd.resume();
+        host.daemon.restart();
+    });
+    let client = host.acme();
+    let env = until(&client, &first, Duration::from_secs(10), "ready", |e| {
+        e["status"] == "ready"
+    })
+    .await;
+    assert_eq!(
+        env["image_digest"], old,
+        "an existing environment keeps the digest it was pinned to"
+    );
+    assert_eq!(
+        exec_output(&client, &first, "cat /workspace/data").await,
+        "v1\n"
+    );
+    let machines = narya_runtimes::Runtime::list(&host.runtime).await.unwrap();
+    let machine = machines.iter().find(|m| m.id == first).unwrap();
+    assert_eq!(machine.digest.as_ref().unwrap().to_string(), old);
+
+    let second = unique_id("newer");
+    let created = create(&client, json!({"id": second})).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert_eq!(
+        body(&created)["image_digest"],
+        new,
+        "a new environment gets what the tag names now"
+    );
+    host.remove(&first).await;
+    host.remove(&second).await;
+}

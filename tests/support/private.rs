@@ -1,0 +1,139 @@
+//! A containerd of a test's own, on private paths, that the test may stop and start without
+//! disturbing any other test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct PrivateContainerd {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateContainerd {
+    pub fn start() -> PrivateContainerd {
+        let dir = tempfile::Builder::new()
+            .prefix("narya-ctd-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        std::fs::write(dir.path().join("config.toml"), "version = 2\n").unwrap();
+        let socket = dir.path().join("containerd.sock");
+        let mut containerd = PrivateContainerd {
+            dir,
+            socket,
+            child: None,
+        };
+        containerd.resume();
+        containerd
+    }
+
+    /// Starts containerd (again) on the same root, state and socket.
+    pub fn resume(&mut self) {
+        assert!(self.child.is_none());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("containerd.log"))
+            .unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .arg("--root")
+            .arg(self.dir.path().join("root"))
+            .arg("--state")
+            .arg(self.dir.path().join("state"))
+            .arg("--address")
+            .arg(&self.socket)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("containerd starts (is it installed?)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ctr_answers(&self.socket) {
+            assert!(
+                Instant::now() < deadline,
+                "the private containerd did not answer in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops containerd (SIGTERM); its shims, and so the machines, keep running.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// `ctr` against this containerd, in namespace `namespace`.
+    pub fn ctr(&self, namespace: &str, args: &[&str]) -> std::process::Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", namespace])
+            .args(args)
+            .output()
+            .expect("ctr runs")
+    }
+}
+
+fn ctr_answers(socket: &Path) -> bool {
+    Command::new("ctr")
+        .arg("--address")
+        .arg(socket)
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Drop for PrivateContainerd {
+    fn drop(&mut self) {
+        if self.child.is_none() && self.socket.exists() {
+            // Not ours to clean up any more than this.
+        }
+        // Kill what the machines left: every shim of this containerd and its processes.
+        let address = self.socket.display().to_string();
+        if let Ok(procs) = std::fs::read_dir("/proc") {
+            for entry in procs.flatten() {
+                let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                    continue;
+                };
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                if cmdline.contains("containerd-shim") && cmdline.contains(&address) {
+                    if let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() {
+                        narya_runtimes::host::kill_tree(pid);
+                    }
+                }
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Unmount whatever is still mounted under our directory, deepest first.
+        let root = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            .filter(|m| m.starts_with(&root))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", &m]).status();
+        }
+    }
+}
