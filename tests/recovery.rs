@@ -402,3 +402,111 @@ async fn environments_keep_their_digest_when_the_tag_moves_and_everything_restar
     host.remove(&first).await;
     host.remove(&second).await;
 }
+
+/// Waits for a file the setup writes into the workspace.
+async fn wait_for_file(path: &std::path::Path, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Invariants after a crash: at most one machine, never a row claiming ready without one, and
+/// the identifier either refused (unrecorded) or answered as recorded.
+async fn check_after_crash(host: &Host, id: &str, setup: &str) {
+    let client = host.acme();
+    let machines = host.machines_named(id).await;
+    assert!(machines <= 1, "{machines} machines for {id}");
+    let row = get(&client, id).await;
+    if row.status == StatusCode::OK {
+        let env = body(&row);
+        if env["status"] == "ready" {
+            assert_eq!(machines, 1, "a row claims ready without a machine: {env}");
+        }
+    }
+    let repeat = create(&client, json!({"id": id, "setup": setup})).await;
+    match repeat.status {
+        // Recorded before the crash: answered as it stands, nothing ran again.
+        StatusCode::OK => assert_eq!(body(&repeat)["status"], "ready"),
+        // Never recorded: refused, and deleting frees the id.
+        StatusCode::CONFLICT => {
+            assert_eq!(repeat.error().unwrap().code, "NRY-0041");
+            let deleted = client
+                .send(Method::DELETE, &format!("/v1/environments/{id}"), None)
+                .await
+                .unwrap();
+            assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+            assert_eq!(host.machines_named(id).await, 0);
+            assert_eq!(
+                create(&client, json!({"id": id, "setup": setup}))
+                    .await
+                    .status,
+                StatusCode::CREATED
+            );
+        }
+        // Nothing was made before the crash: a fresh create.
+        StatusCode::CREATED => assert_eq!(body(&repeat)["status"], "ready"),
+        other => panic!(
+            "after a crash the create answered {other}: {}",
+            String::from_utf8_lossy(&repeat.body)
+        ),
+    }
+    assert_eq!(host.machines_named(id).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_killed_at_any_point_of_a_create_leaves_consistent_state() {
+    if requirements().is_none() {
+        return;
+    }
+    let containerd = tokio::task::block_in_place(PrivateContainerd::start);
+    let Some(mut host) = host_on(&containerd).await else {
+        return;
+    };
+    let setup = "echo ran >> /workspace/runs; touch /workspace/almost; sleep 0.3";
+
+    // While the image is still being pulled into this fresh containerd: before any machine.
+    let early = unique_id("early");
+    let client = host.acme();
+    let request = json!({"id": early, "setup": setup});
+    let pending = tokio::spawn(async move { create(&client, request).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::task::block_in_place(|| {
+        host.daemon.kill();
+        host.daemon.restart();
+    });
+    let _ = pending.await;
+    check_after_crash(&host, &early, setup).await;
+
+    // During the setup, and just after it (before or after the outcome is recorded).
+    for (name, marker, pause) in [
+        ("during", "runs", Duration::ZERO),
+        ("after", "almost", Duration::from_millis(300)),
+    ] {
+        let id = unique_id(name);
+        let client = host.acme();
+        let request = json!({"id": id, "setup": setup});
+        let pending = tokio::spawn(async move { create(&client, request).await });
+        wait_for_file(&host.workspace(&id).join(marker), Duration::from_secs(30)).await;
+        tokio::time::sleep(pause).await;
+        tokio::task::block_in_place(|| {
+            host.daemon.kill();
+            host.daemon.restart();
+        });
+        let _ = pending.await;
+        check_after_crash(&host, &id, setup).await;
+        let runs = std::fs::read_to_string(host.workspace(&id).join("runs")).unwrap_or_default();
+        assert_eq!(
+            runs.lines().count(),
+            1,
+            "{name}: the setup ran once for what exists: {runs:?}"
+        );
+        host.remove(&id).await;
+    }
+    host.remove(&early).await;
+}
