@@ -285,8 +285,15 @@ async fn a_daemon_killed_during_setup_leaves_an_unrecorded_environment() {
     let client = host.acme();
     let row = body(&get(&client, &id).await);
     assert_eq!(
-        row["status_detail"], "provisioning",
-        "the row was left unrecorded: {row}"
+        row["status"], "unusable",
+        "an interrupted create is not waited for: {row}"
+    );
+    assert!(
+        row["status_detail"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted"),
+        "{row}"
     );
 
     let refused = create(&client, json!({"id": id, "setup": script})).await;
