@@ -94,6 +94,19 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     verifier.preload().await;
 
     let runtime = crate::backend::connect(&config)?;
+    // A runtime that does not answer yet is waited for (environments read degraded); one that
+    // answers but cannot be used stops start-up.
+    match runtime.version().await {
+        Ok(version) => tracing::info!(
+            backend = runtime.name(),
+            version,
+            "container runtime answers"
+        ),
+        Err(narya_runtimes::RuntimeError::Unavailable(e)) => {
+            tracing::warn!(backend = runtime.name(), error = %e, "container runtime not answering yet; retrying in the background")
+        }
+        Err(e) => return Err(e.into()),
+    }
     let environments = Arc::new(Environments::new(store.clone(), runtime, config.clone()));
     environments.mark_interrupted().await?;
     let reconciler = tokio::spawn(environments.clone().reconcile_forever());

@@ -13,6 +13,7 @@ use narya_oci::{Digest, ImageReference};
 
 pub mod conformance;
 pub mod containerd;
+pub mod docker;
 pub mod fetch;
 pub mod host;
 pub mod output;
@@ -164,6 +165,10 @@ pub struct MachineInfo {
 pub trait Runtime: Send + Sync {
     /// The back end's name, for logs and the conformance report.
     fn name(&self) -> &'static str;
+
+    /// The runtime's version, which also proves it answers. Errors: `Unavailable` when it does
+    /// not answer; `Other` when it answers but is too old to be used.
+    async fn version(&self) -> Result<String>;
 
     /// Resolves `source` to a manifest digest (unless pinned) and makes exactly that digest
     /// available locally, verified against its digests. Idempotent and safe to race.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use narya_oci::ImageReference;
 use narya_runtimes::conformance::{self, Fixture, Verdict};
 use narya_runtimes::containerd::{Containerd, ContainerdConfig};
+use narya_runtimes::Runtime as _;
 use narya_runtimes::{ImageSource, Network, User};
 
 /// The value of `var`, or a skip (outside CI) / failure (under CI=true) naming what is missing.

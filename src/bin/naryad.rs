@@ -56,6 +56,8 @@ struct PackImageArgs {
     created: Option<String>,
 }
 
+const BOLLARD_QUIET: &str = "bollard=info";
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
@@ -72,7 +74,10 @@ fn start(config_path: &Path, default: &str) -> Result<(Config, tokio::runtime::R
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+                // bollard logs request bodies at debug level, and a throwaway's body carries
+                // its secret environment: never below info, whatever RUST_LOG says.
+                .add_directive(BOLLARD_QUIET.parse().unwrap_or_default()),
         )
         .init();
     let config = Config::load(config_path).map_err(|e| {

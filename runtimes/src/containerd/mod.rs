@@ -129,18 +129,6 @@ impl Containerd {
         })
     }
 
-    /// containerd's version, which also proves it answers.
-    pub async fn version(&self) -> Result<String> {
-        let v = self
-            .conn
-            .version()
-            .version(())
-            .await
-            .map_err(|e| classify("asking for the version", e))?
-            .into_inner();
-        Ok(v.version)
-    }
-
     async fn container(&self, id: &str) -> Result<Container> {
         self.conn
             .containers()
@@ -532,6 +520,17 @@ impl Containerd {
 impl Runtime for Containerd {
     fn name(&self) -> &'static str {
         "containerd"
+    }
+
+    async fn version(&self) -> Result<String> {
+        let v = self
+            .conn
+            .version()
+            .version(())
+            .await
+            .map_err(|e| classify("asking for the version", e))?
+            .into_inner();
+        Ok(v.version)
     }
 
     async fn ensure_image(&self, source: &ImageSource) -> Result<PinnedImage> {

@@ -1,0 +1,262 @@
+//! The connection to the Docker engine: one client on the unix socket, made on first use and only
+//! after the engine's API version was checked, and bollard's errors classified into our kinds.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use bollard::errors::Error as EngineError;
+use bollard::models::ContainerWaitResponse;
+use bollard::{ClientVersion, Docker as Client};
+
+use crate::{Result, RuntimeError};
+
+/// The API version we speak and the oldest engine we accept: Docker 20.10 (Debian bookworm).
+const API: ClientVersion = ClientVersion {
+    major_version: 1,
+    minor_version: 41,
+};
+
+/// Bounds a request until its response head arrives; streams are bounded by their callers.
+const REQUEST_TIMEOUT_SECS: u64 = 120;
+
+pub(super) struct Engine {
+    socket: PathBuf,
+    /// Set once the engine answered and its version was acceptable, so a daemon started before
+    /// the engine (or pointed at a dead socket) keeps trying instead of failing for good.
+    client: OnceLock<Client>,
+}
+
+impl Engine {
+    pub(super) fn new(socket: &Path) -> Engine {
+        Engine {
+            socket: socket.to_owned(),
+            client: OnceLock::new(),
+        }
+    }
+
+    /// The client, after the engine's version was checked once.
+    pub(super) async fn client(&self) -> Result<&Client> {
+        if self.client.get().is_none() {
+            self.version().await?;
+        }
+        self.client.get().ok_or_else(|| {
+            RuntimeError::Other("docker: the engine client was not kept after its check".into())
+        })
+    }
+
+    /// Asks the engine for its version and refuses engines below API 1.41.
+    pub(super) async fn version(&self) -> Result<String> {
+        let client = match self.client.get() {
+            Some(client) => client.clone(),
+            None => self.connect()?,
+        };
+        let version = match client.version().await {
+            Ok(v) => v,
+            // An engine older than the API we speak answers 400 to every versioned path.
+            Err(EngineError::DockerResponseServerError {
+                status_code: 400,
+                message,
+            }) => {
+                return Err(RuntimeError::Other(format!(
+                    "docker: the engine on {} refuses API {}.{} ({message}); Narya needs Docker \
+                     Engine API {}.{} or newer (Docker 20.10 or later)",
+                    self.socket.display(),
+                    API.major_version,
+                    API.minor_version,
+                    API.major_version,
+                    API.minor_version
+                )))
+            }
+            Err(e) => return Err(classify("asking for the engine's version", e)),
+        };
+        let api = version.api_version.clone().unwrap_or_default();
+        if !supported(&api) {
+            return Err(RuntimeError::Other(format!(
+                "docker: the engine on {} speaks API {api:?}; Narya needs Docker Engine API {}.{} \
+                 or newer (Docker 20.10 or later)",
+                self.socket.display(),
+                API.major_version,
+                API.minor_version
+            )));
+        }
+        let _ = self.client.set(client);
+        Ok(format!(
+            "Docker Engine {} (API {api})",
+            version.version.unwrap_or_default()
+        ))
+    }
+
+    fn connect(&self) -> Result<Client> {
+        let path = self.socket.to_str().ok_or_else(|| {
+            RuntimeError::Other(format!(
+                "docker: the socket path {} is not UTF-8",
+                self.socket.display()
+            ))
+        })?;
+        Client::connect_with_unix(path, REQUEST_TIMEOUT_SECS, &API)
+            .map_err(|e| classify(&format!("connecting to {path}"), e))
+    }
+}
+
+/// Whether an engine API version such as `1.41` is at least the one we speak.
+fn supported(api: &str) -> bool {
+    let mut parts = api.split('.').map(str::parse::<usize>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => {
+            (major, minor) >= (API.major_version, API.minor_version)
+        }
+        _ => false,
+    }
+}
+
+/// Classifies an engine error into our kinds, saying what we were doing. The one place that
+/// knows which of bollard's errors mean what.
+pub(super) fn classify(what: &str, error: EngineError) -> RuntimeError {
+    let message = format!("docker: {what}: {error}");
+    match error {
+        EngineError::DockerResponseServerError {
+            status_code: 404, ..
+        } => RuntimeError::NotFound(message),
+        EngineError::DockerResponseServerError {
+            status_code: 409, ..
+        } => RuntimeError::AlreadyExists(message),
+        // The engine itself saying it cannot serve now (e.g. shutting down).
+        EngineError::DockerResponseServerError {
+            status_code: 503, ..
+        } => RuntimeError::Unavailable(message),
+        // Nobody listening, a connection refused or dropped, or no answer in time: the engine
+        // is not answering, which is a reason to retry later, never a verdict on a machine.
+        EngineError::SocketNotFoundError(_)
+        | EngineError::HyperLegacyError { .. }
+        | EngineError::HyperResponseError { .. }
+        | EngineError::IOError { .. }
+        | EngineError::RequestTimeoutError => RuntimeError::Unavailable(message),
+        _ => RuntimeError::Other(message),
+    }
+}
+
+/// The exit code a container wait reported, if it reported one: bollard turns a non-zero exit
+/// into an error carrying the code, which is no failure of ours.
+pub(super) fn wait_outcome(
+    waited: Option<Result<ContainerWaitResponse, EngineError>>,
+) -> Result<Option<i64>, EngineError> {
+    match waited {
+        Some(Ok(answer)) => Ok(Some(answer.status_code)),
+        Some(Err(EngineError::DockerContainerWaitError { code, .. })) => Ok(Some(code)),
+        Some(Err(e)) => Err(e),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_versions_below_1_41_are_refused() {
+        assert!(supported("1.41"));
+        assert!(supported("1.47"));
+        assert!(supported("2.0"));
+        assert!(!supported("1.40"));
+        assert!(!supported("1.9"));
+        assert!(!supported(""));
+        assert!(!supported("one.41"));
+    }
+
+    #[test]
+    fn engine_answers_are_classified() {
+        let answer = |status_code| EngineError::DockerResponseServerError {
+            status_code,
+            message: "m".into(),
+        };
+        assert!(matches!(
+            classify("x", answer(404)),
+            RuntimeError::NotFound(_)
+        ));
+        assert!(matches!(
+            classify("x", answer(409)),
+            RuntimeError::AlreadyExists(_)
+        ));
+        assert!(matches!(classify("x", answer(500)), RuntimeError::Other(_)));
+        assert!(matches!(
+            classify("x", EngineError::SocketNotFoundError("/nowhere".into())),
+            RuntimeError::Unavailable(_)
+        ));
+        assert!(matches!(
+            classify("x", EngineError::RequestTimeoutError),
+            RuntimeError::Unavailable(_)
+        ));
+    }
+
+    /// An engine on a unix socket that answers every request with `status` and `body`.
+    fn fake_engine(dir: &Path, status: &'static str, body: &'static str) -> PathBuf {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let socket = dir.join("engine.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = vec![0u8; 4096];
+                let _ = stream.read(&mut request).await;
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        socket
+    }
+
+    #[tokio::test]
+    async fn an_engine_refusing_api_1_41_is_refused_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = fake_engine(
+            dir.path(),
+            "400 Bad Request",
+            r#"{"message":"client version 1.41 is too new. Maximum supported API version is 1.40"}"#,
+        );
+        let engine = Engine::new(&socket);
+        match engine.version().await {
+            Err(RuntimeError::Other(m)) => {
+                assert!(m.contains("needs Docker Engine API 1.41"), "{m}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(
+            engine.client().await.is_err(),
+            "a refused engine is never used"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_engine_reporting_an_older_api_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = fake_engine(
+            dir.path(),
+            "200 OK",
+            r#"{"Version":"19.03.15","ApiVersion":"1.40"}"#,
+        );
+        match Engine::new(&socket).version().await {
+            Err(RuntimeError::Other(m)) => assert!(m.contains("speaks API \"1.40\""), "{m}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn nobody_on_the_socket_is_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::new(&dir.path().join("nobody.sock"));
+        assert!(matches!(
+            engine.version().await,
+            Err(RuntimeError::Unavailable(_))
+        ));
+        // A socket file nobody listens on: refused, also Unavailable.
+        let socket = dir.path().join("dead.sock");
+        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+        assert!(matches!(
+            Engine::new(&socket).client().await,
+            Err(RuntimeError::Unavailable(_))
+        ));
+    }
+}
