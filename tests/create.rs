@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 use hyper::{Method, StatusCode};
 use narya_runtimes::MachineState;
 use serde_json::json;
-use support::e2e::{body, create, get, settled, unique_id, Host};
+use support::e2e::{body, create, get, settled, unique_id, Backend, Host};
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_create_without_setup_is_ready_pinned_and_idempotent() {
-    let Some(host) = Host::start("").await else {
+async fn a_create_without_setup_is_ready_pinned_and_idempotent(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let client = host.acme();
@@ -71,9 +70,8 @@ async fn a_create_without_setup_is_ready_pinned_and_idempotent() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn setup_runs_once_as_the_unprivileged_user_in_the_workspace() {
-    let Some(host) = Host::start("").await else {
+async fn setup_runs_once_as_the_unprivileged_user_in_the_workspace(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let client = host.acme();
@@ -98,9 +96,8 @@ async fn setup_runs_once_as_the_unprivileged_user_in_the_workspace() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_failing_setup_leaves_the_environment_unusable_and_is_never_run_again() {
-    let Some(host) = Host::start("[environment]\noutput_limit = 2000\n").await else {
+async fn a_failing_setup_leaves_the_environment_unusable_and_is_never_run_again(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "[environment]\noutput_limit = 2000\n").await else {
         return;
     };
     let client = host.acme();
@@ -130,9 +127,9 @@ async fn a_failing_setup_leaves_the_environment_unusable_and_is_never_run_again(
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_setup_past_the_bound_is_timed_out_and_killed() {
-    let Some(host) = Host::start("[environment]\nsetup_timeout = \"2s\"\n").await else {
+async fn a_setup_past_the_bound_is_timed_out_and_killed(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "[environment]\nsetup_timeout = \"2s\"\n").await
+    else {
         return;
     };
     let client = host.acme();
@@ -162,9 +159,8 @@ async fn a_setup_past_the_bound_is_timed_out_and_killed() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn concurrent_identical_creates_provision_once() {
-    let Some(host) = Host::start("").await else {
+async fn concurrent_identical_creates_provision_once(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let id = unique_id("race");
@@ -210,10 +206,9 @@ async fn concurrent_identical_creates_provision_once() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_create_whose_client_disconnects_still_finishes() {
+async fn a_create_whose_client_disconnects_still_finishes(backend: Backend) {
     use tokio::io::AsyncWriteExt;
-    let Some(host) = Host::start("").await else {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let id = unique_id("gone");
@@ -258,9 +253,8 @@ async fn a_create_whose_client_disconnects_still_finishes() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_daemon_killed_during_setup_leaves_an_unrecorded_environment() {
-    let Some(mut host) = Host::start("").await else {
+async fn a_daemon_killed_during_setup_leaves_an_unrecorded_environment(backend: Backend) {
+    let Some(mut host) = Host::start_on(backend, "").await else {
         return;
     };
     let id = unique_id("crash");
@@ -326,9 +320,8 @@ async fn a_daemon_killed_during_setup_leaves_an_unrecorded_environment() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn identifiers_are_scoped_and_different_creates_conflict() {
-    let Some(host) = Host::start("").await else {
+async fn identifiers_are_scoped_and_different_creates_conflict(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let acme = host.acme();
@@ -380,13 +373,13 @@ async fn identifiers_are_scoped_and_different_creates_conflict() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_unanswering_runtime_or_unresolvable_image_provisions_nothing() {
-    let Some((socket, layout)) = support::e2e::requirements() else {
+async fn an_unanswering_runtime_or_unresolvable_image_provisions_nothing(backend: Backend) {
+    let Some((socket, layout)) = support::e2e::requirements_for(backend) else {
         return;
     };
-    let dead = Host::start_with(
-        "/nonexistent/containerd.sock",
+    let dead = Host::start_with_on(
+        backend,
+        "/nonexistent/runtime.sock",
         &format!("oci-layout:{layout}"),
         "",
         &socket,
@@ -404,7 +397,8 @@ async fn an_unanswering_runtime_or_unresolvable_image_provisions_nothing() {
         .unwrap();
     assert_eq!(body(&listed)["environments"], json!([]));
 
-    let missing = Host::start_with(
+    let missing = Host::start_with_on(
+        backend,
         &socket,
         "oci-layout:/nonexistent/official",
         "",
@@ -465,3 +459,15 @@ fn the_cli_shows_an_unusable_environment_with_its_output_and_fails() {
     assert!(String::from_utf8_lossy(&ok.stdout).contains("error: no toolchain"));
     runtime.block_on(host.remove(&id));
 }
+
+on_both_backends!(
+    a_create_without_setup_is_ready_pinned_and_idempotent,
+    setup_runs_once_as_the_unprivileged_user_in_the_workspace,
+    a_failing_setup_leaves_the_environment_unusable_and_is_never_run_again,
+    a_setup_past_the_bound_is_timed_out_and_killed,
+    concurrent_identical_creates_provision_once,
+    a_create_whose_client_disconnects_still_finishes,
+    a_daemon_killed_during_setup_leaves_an_unrecorded_environment,
+    identifiers_are_scoped_and_different_creates_conflict,
+    an_unanswering_runtime_or_unresolvable_image_provisions_nothing,
+);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hyper::{Method, StatusCode};
 use narya::client::Client;
 use serde_json::{json, Value};
-use support::e2e::{body, create, get, unique_id, Host};
+use support::e2e::{body, create, get, unique_id, Backend, Host};
 
 async fn exec(client: &Client, id: &str, request: Value) -> (StatusCode, Value) {
     let answer = client
@@ -48,9 +48,8 @@ async fn ready(host: &Host, name: &str) -> String {
     id
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn commands_run_as_the_unprivileged_user_with_their_env_cwd_and_stdin() {
-    let Some(host) = Host::start("").await else {
+async fn commands_run_as_the_unprivileged_user_with_their_env_cwd_and_stdin(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let client = host.acme();
@@ -83,9 +82,8 @@ async fn commands_run_as_the_unprivileged_user_with_their_env_cwd_and_stdin() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn streamed_output_arrives_while_the_command_runs() {
-    let Some(host) = Host::start("").await else {
+async fn streamed_output_arrives_while_the_command_runs(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let client = host.acme();
@@ -114,9 +112,8 @@ async fn streamed_output_arrives_while_the_command_runs() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn timed_out_and_abandoned_commands_leave_nothing_running() {
-    let Some(host) = Host::start("").await else {
+async fn timed_out_and_abandoned_commands_leave_nothing_running(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let client = host.acme();
@@ -163,14 +160,16 @@ async fn timed_out_and_abandoned_commands_leave_nothing_running() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn many_commands_at_once_across_environments() {
-    let Some(host) = Host::start("").await else {
+async fn many_commands_at_once_across_environments(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let mut ids = Vec::new();
     for n in 0..4 {
-        ids.push(ready(&host, &format!("many{n}")).await);
+        let id = ready(&host, &format!("many{n}")).await;
+        // Each environment knows its own name, so an answer shows where the command ran.
+        std::fs::write(host.workspace(&id).join("whoami"), &id).unwrap();
+        ids.push(id);
     }
     let mut tasks = Vec::new();
     for i in 0..20 {
@@ -180,7 +179,7 @@ async fn many_commands_at_once_across_environments() {
             let (status, result) = exec(
                 &client,
                 &id,
-                json!({"argv": ["sh", "-c", format!("sleep 0.5; echo {i} $(hostname)")]}),
+                json!({"argv": ["sh", "-c", format!("sleep 0.5; echo {i} $(cat /workspace/whoami)")]}),
             )
             .await;
             (i, id, status, result)
@@ -196,9 +195,8 @@ async fn many_commands_at_once_across_environments() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn commands_run_only_in_ready_environments_of_your_organisation() {
-    let Some(host) = Host::start("").await else {
+async fn commands_run_only_in_ready_environments_of_your_organisation(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let client = host.acme();
@@ -232,9 +230,8 @@ async fn commands_run_only_in_ready_environments_of_your_organisation() {
     host.remove(&broken).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_streamed_create_shows_setup_output_before_the_environment() {
-    let Some(host) = Host::start("").await else {
+async fn a_streamed_create_shows_setup_output_before_the_environment(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let client = host.acme();
@@ -395,9 +392,8 @@ fn the_cli_streams_exec_and_reports_exit_codes() {
     runtime.block_on(host.remove(&id2));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_streamed_repeat_joins_the_create_in_flight() {
-    let Some(host) = Host::start("").await else {
+async fn a_streamed_repeat_joins_the_create_in_flight(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
         return;
     };
     let client = host.acme();
@@ -444,3 +440,13 @@ async fn a_streamed_repeat_joins_the_create_in_flight() {
     assert_eq!(host.machines_named(&id).await, 1);
     host.remove(&id).await;
 }
+
+on_both_backends!(
+    commands_run_as_the_unprivileged_user_with_their_env_cwd_and_stdin,
+    streamed_output_arrives_while_the_command_runs,
+    timed_out_and_abandoned_commands_leave_nothing_running,
+    many_commands_at_once_across_environments,
+    commands_run_only_in_ready_environments_of_your_organisation,
+    a_streamed_create_shows_setup_output_before_the_environment,
+    a_streamed_repeat_joins_the_create_in_flight,
+);

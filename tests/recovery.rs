@@ -387,7 +387,7 @@ async fn environments_keep_their_digest_when_the_tag_moves_and_everything_restar
         exec_output(&client, &first, "cat /workspace/data").await,
         "v1\n"
     );
-    let machines = narya_runtimes::Runtime::list(&host.runtime).await.unwrap();
+    let machines = host.runtime.list().await.unwrap();
     let machine = machines.iter().find(|m| m.id == first).unwrap();
     assert_eq!(machine.digest.as_ref().unwrap().to_string(), old);
 

@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use hyper::{Method, StatusCode};
 use narya::client::{Answer, Client};
+use std::sync::Arc;
+
 use narya_runtimes::containerd::{Containerd, ContainerdConfig};
+use narya_runtimes::docker::{Docker, DockerConfig};
 use narya_runtimes::{MachineState, ProcessOutcome, ProcessSpec, Runtime};
 use serde_json::{json, Value};
 
@@ -16,14 +19,60 @@ use super::{make_key, now, Daemon, TestKey};
 /// The containerd namespace every end-to-end test shares; ids keep them apart.
 pub const NAMESPACE: &str = "narya-e2e";
 
-/// What the end-to-end tests need from the environment, or `None` to skip (never under CI).
+/// The runtime back ends every end-to-end test body runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Containerd,
+    Docker,
+}
+
+impl Backend {
+    fn socket_variable(self) -> &'static str {
+        match self {
+            Backend::Containerd => "NARYA_TEST_CONTAINERD_SOCKET",
+            Backend::Docker => "NARYA_TEST_DOCKER_SOCKET",
+        }
+    }
+}
+
+/// Generates, for an `async fn name(backend: Backend)`, one test per back end.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::support::e2e::Backend;
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn containerd() {
+                super::$name(Backend::Containerd).await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn docker() {
+                super::$name(Backend::Docker).await
+            }
+        }
+    )*};
+}
+
+/// What the end-to-end tests need from the environment on containerd, or `None` to skip
+/// (never under CI).
 pub fn requirements() -> Option<(String, String)> {
-    let socket = std::env::var("NARYA_TEST_CONTAINERD_SOCKET").ok();
+    requirements_for(Backend::Containerd)
+}
+
+/// The runtime socket and the official image layout for `backend`, or `None` to skip (never
+/// under CI).
+pub fn requirements_for(backend: Backend) -> Option<(String, String)> {
+    let socket = std::env::var(backend.socket_variable()).ok();
     let layout = std::env::var("NARYA_TEST_IMAGE_LAYOUT").ok();
     match (socket, layout) {
         (Some(s), Some(l)) if !s.is_empty() && !l.is_empty() => Some((s, l)),
         _ => {
-            let message = "NARYA_TEST_CONTAINERD_SOCKET and NARYA_TEST_IMAGE_LAYOUT are not set: run contrib/test.sh as root";
+            let message = format!(
+                "{} and NARYA_TEST_IMAGE_LAYOUT are not set: run contrib/test.sh as root",
+                backend.socket_variable()
+            );
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
                 "{message} (CI=true: not skipping)"
@@ -38,7 +87,9 @@ pub struct Host {
     pub idp: IdentityProvider,
     pub key: TestKey,
     pub daemon: Daemon,
-    pub runtime: Containerd,
+    pub backend: Backend,
+    /// A direct line to the same runtime, to check what the daemon made.
+    pub runtime: Arc<dyn Runtime>,
     pub socket: String,
     pub layout: String,
     _keys: tempfile::TempDir,
@@ -48,17 +99,14 @@ impl Host {
     /// A daemon on containerd with `extra` TOML added to its configuration (e.g. an
     /// `[environment]` section); `None` when the test must skip.
     pub async fn start(extra: &str) -> Option<Host> {
-        let (socket, layout) = requirements()?;
-        Some(
-            Host::start_with(
-                &socket,
-                &format!("oci-layout:{layout}"),
-                extra,
-                &socket,
-                &layout,
-            )
-            .await,
-        )
+        Host::start_on(Backend::Containerd, extra).await
+    }
+
+    /// As `start`, on `backend`.
+    pub async fn start_on(backend: Backend, extra: &str) -> Option<Host> {
+        let (socket, layout) = requirements_for(backend)?;
+        let reference = format!("oci-layout:{layout}");
+        Some(Host::start_with_on(backend, &socket, &reference, extra, &socket, &layout).await)
     }
 
     /// As `start`, with the daemon's containerd socket and image reference given.
@@ -69,29 +117,69 @@ impl Host {
         socket: &str,
         layout: &str,
     ) -> Host {
+        Host::start_with_on(
+            Backend::Containerd,
+            daemon_socket,
+            reference,
+            extra,
+            socket,
+            layout,
+        )
+        .await
+    }
+
+    /// A daemon on `backend` reached at `daemon_socket`, with a direct line to `socket`.
+    pub async fn start_with_on(
+        backend: Backend,
+        daemon_socket: &str,
+        reference: &str,
+        extra: &str,
+        socket: &str,
+        layout: &str,
+    ) -> Host {
         let keys = tempfile::tempdir().unwrap();
         let idp = IdentityProvider::start().await;
         let key = make_key(keys.path(), "k", "P-256");
         idp.publish(&key.dev);
+        let runtime_section = match backend {
+            Backend::Containerd => format!(
+                "[runtime]\ncontainerd_socket = {daemon_socket:?}\ncontainerd_namespace = {NAMESPACE:?}\n"
+            ),
+            Backend::Docker => {
+                format!("[runtime]\nbackend = \"docker\"\ndocker_socket = {daemon_socket:?}\n")
+            }
+        };
         let config = format!(
-            "{identity}\n[runtime]\ncontainerd_socket = {daemon_socket:?}\ncontainerd_namespace = {NAMESPACE:?}\n\n[image]\nreference = {reference:?}\n\n{extra}\n",
+            "{identity}\n{runtime_section}\n[image]\nreference = {reference:?}\n\n{extra}\n",
             identity = idp.identity_toml(""),
         );
         let daemon = tokio::task::spawn_blocking(move || Daemon::start(&config))
             .await
             .unwrap();
-        let runtime = Containerd::new(ContainerdConfig {
-            socket: PathBuf::from(socket),
-            namespace: NAMESPACE.to_owned(),
-            snapshotter: "overlayfs".to_owned(),
-            insecure_registries: Vec::new(),
-            fifo_dir: daemon.dir.path().join("test-fifo"),
-        })
-        .unwrap();
+        let runtime: Arc<dyn Runtime> = match backend {
+            Backend::Containerd => Arc::new(
+                Containerd::new(ContainerdConfig {
+                    socket: PathBuf::from(socket),
+                    namespace: NAMESPACE.to_owned(),
+                    snapshotter: "overlayfs".to_owned(),
+                    insecure_registries: Vec::new(),
+                    fifo_dir: daemon.dir.path().join("test-fifo"),
+                })
+                .unwrap(),
+            ),
+            Backend::Docker => Arc::new(
+                Docker::new(DockerConfig {
+                    socket: PathBuf::from(socket),
+                    insecure_registries: Vec::new(),
+                })
+                .unwrap(),
+            ),
+        };
         Host {
             idp,
             key,
             daemon,
+            backend,
             runtime,
             socket: socket.to_owned(),
             layout: layout.to_owned(),
