@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use hyper::{Method, StatusCode};
 use narya::client::Client;
 use serde_json::{json, Value};
+use support::e2e::Backend;
 use support::e2e::{body, create, get, requirements, unique_id, Host, NAMESPACE};
-use support::private::PrivateContainerd;
+use support::private::{PrivateContainerd, PrivateRuntime};
 
 /// Polls `GET` until `check` holds, within `within`; returns the environment.
 async fn until(
@@ -51,6 +52,13 @@ async fn exec_output(client: &Client, id: &str, script: &str) -> String {
     body(&answer)["output"].as_str().unwrap().to_owned()
 }
 
+async fn host_on_runtime(backend: Backend, runtime: &PrivateRuntime) -> Option<Host> {
+    let (_, layout) = support::e2e::requirements_for(backend)?;
+    let socket = runtime.socket().display().to_string();
+    let reference = format!("oci-layout:{layout}");
+    Some(Host::start_with_on(backend, &socket, &reference, "", &socket, &layout).await)
+}
+
 async fn host_on(containerd: &PrivateContainerd) -> Option<Host> {
     let (_, layout) = requirements()?;
     let socket = containerd.socket.display().to_string();
@@ -66,13 +74,12 @@ async fn host_on(containerd: &PrivateContainerd) -> Option<Host> {
     )
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_runtime_that_stops_makes_environments_degraded_until_it_is_back() {
-    if requirements().is_none() {
+async fn a_runtime_that_stops_makes_environments_degraded_until_it_is_back(backend: Backend) {
+    if support::e2e::requirements_for(backend).is_none() {
         return;
     }
-    let mut containerd = tokio::task::block_in_place(PrivateContainerd::start);
-    let Some(host) = host_on(&containerd).await else {
+    let mut containerd = tokio::task::block_in_place(|| PrivateRuntime::start(backend));
+    let Some(host) = host_on_runtime(backend, &containerd).await else {
         return;
     };
     let client = host.acme();
@@ -121,13 +128,12 @@ async fn a_runtime_that_stops_makes_environments_degraded_until_it_is_back() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_machine_killed_from_outside_is_started_again() {
-    if requirements().is_none() {
+async fn a_machine_killed_from_outside_is_started_again(backend: Backend) {
+    if support::e2e::requirements_for(backend).is_none() {
         return;
     }
-    let containerd = tokio::task::block_in_place(PrivateContainerd::start);
-    let Some(host) = host_on(&containerd).await else {
+    let containerd = tokio::task::block_in_place(|| PrivateRuntime::start(backend));
+    let Some(host) = host_on_runtime(backend, &containerd).await else {
         return;
     };
     let client = host.acme();
@@ -141,17 +147,11 @@ async fn a_machine_killed_from_outside_is_started_again() {
         .status,
         StatusCode::CREATED
     );
-    exec_output(&client, &id, "echo old-task > /tmp/marker").await;
+    // When the machine's init started, in clock ticks since boot: a new start is a new init.
+    let init_started = "cut -d' ' -f22 /proc/1/stat";
+    let before = exec_output(&client, &id, init_started).await;
 
-    let killed = containerd.ctr(
-        NAMESPACE,
-        &["task", "kill", "--signal", "SIGKILL", "--all", &id],
-    );
-    assert!(
-        killed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&killed.stderr)
-    );
+    tokio::task::block_in_place(|| containerd.kill_machine(NAMESPACE, &id));
     // The host notices and starts it again: ready, with a fresh task and the workspace intact.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -161,11 +161,11 @@ async fn a_machine_killed_from_outside_is_started_again() {
                 .send_json(
                     Method::POST,
                     &format!("/v1/environments/{id}/exec"),
-                    &json!({"argv": ["sh", "-c", "cat /tmp/marker 2>/dev/null || echo new-task"]}),
+                    &json!({"argv": ["sh", "-c", init_started]}),
                 )
                 .await
                 .unwrap();
-            if answer.status == StatusCode::OK && body(&answer)["output"] == "new-task\n" {
+            if answer.status == StatusCode::OK && body(&answer)["output"] != before.as_str() {
                 break;
             }
         }
@@ -179,13 +179,12 @@ async fn a_machine_killed_from_outside_is_started_again() {
     host.remove(&id).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_machine_removed_from_outside_is_gone_until_replaced() {
-    if requirements().is_none() {
+async fn a_machine_removed_from_outside_is_gone_until_replaced(backend: Backend) {
+    if support::e2e::requirements_for(backend).is_none() {
         return;
     }
-    let containerd = tokio::task::block_in_place(PrivateContainerd::start);
-    let Some(host) = host_on(&containerd).await else {
+    let containerd = tokio::task::block_in_place(|| PrivateRuntime::start(backend));
+    let Some(host) = host_on_runtime(backend, &containerd).await else {
         return;
     };
     let client = host.acme();
@@ -510,3 +509,9 @@ async fn a_daemon_killed_at_any_point_of_a_create_leaves_consistent_state() {
     }
     host.remove(&early).await;
 }
+
+on_both_backends!(
+    a_runtime_that_stops_makes_environments_degraded_until_it_is_back,
+    a_machine_killed_from_outside_is_started_again,
+    a_machine_removed_from_outside_is_gone_until_replaced,
+);

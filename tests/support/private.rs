@@ -137,3 +137,168 @@ impl Drop for PrivateContainerd {
         }
     }
 }
+
+/// A Docker engine of a test's own (with its own containerd), on private paths.
+pub struct PrivateDockerd {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateDockerd {
+    pub fn start() -> PrivateDockerd {
+        let dir = tempfile::Builder::new()
+            .prefix("narya-dkd-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let socket = dir.path().join("docker.sock");
+        let mut dockerd = PrivateDockerd {
+            dir,
+            socket,
+            child: None,
+        };
+        dockerd.resume();
+        dockerd
+    }
+
+    /// Starts the engine (again) on the same data and socket.
+    pub fn resume(&mut self) {
+        assert!(self.child.is_none());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("dockerd.log"))
+            .unwrap();
+        let child = Command::new("dockerd")
+            .arg("--data-root")
+            .arg(self.dir.path().join("data"))
+            .arg("--exec-root")
+            .arg(self.dir.path().join("exec"))
+            .arg("--pidfile")
+            .arg(self.dir.path().join("dockerd.pid"))
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(["--iptables=false", "--ip-masq=false", "--bridge=none"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("dockerd starts (is it installed?)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.answers() {
+            assert!(
+                Instant::now() < deadline,
+                "the private dockerd did not answer in 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn answers(&self) -> bool {
+        self.docker(&["version"]).status.success()
+    }
+
+    /// Stops the engine (SIGTERM): it stops its containers, and brings back those whose
+    /// restart policy says so when it starts again.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The docker CLI against this engine.
+    pub fn docker(&self, args: &[&str]) -> std::process::Output {
+        Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(args)
+            .output()
+            .expect("docker runs")
+    }
+}
+
+impl Drop for PrivateDockerd {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let ids = self.docker(&["ps", "-aq"]);
+            for id in String::from_utf8_lossy(&ids.stdout).split_whitespace() {
+                let _ = self.docker(&["rm", "-f", id]);
+            }
+        }
+        self.stop();
+        let root = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            .filter(|m| m.starts_with(&root))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", &m]).status();
+        }
+    }
+}
+
+/// A runtime of a test's own that it may stop, start and tamper with.
+pub enum PrivateRuntime {
+    Containerd(PrivateContainerd),
+    Docker(PrivateDockerd),
+}
+
+impl PrivateRuntime {
+    pub fn start(backend: super::e2e::Backend) -> PrivateRuntime {
+        match backend {
+            super::e2e::Backend::Containerd => {
+                PrivateRuntime::Containerd(PrivateContainerd::start())
+            }
+            super::e2e::Backend::Docker => PrivateRuntime::Docker(PrivateDockerd::start()),
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        match self {
+            PrivateRuntime::Containerd(c) => &c.socket,
+            PrivateRuntime::Docker(d) => &d.socket,
+        }
+    }
+
+    pub fn stop(&mut self) {
+        match self {
+            PrivateRuntime::Containerd(c) => c.stop(),
+            PrivateRuntime::Docker(d) => d.stop(),
+        }
+    }
+
+    pub fn resume(&mut self) {
+        match self {
+            PrivateRuntime::Containerd(c) => c.resume(),
+            PrivateRuntime::Docker(d) => d.resume(),
+        }
+    }
+
+    /// Kills every process of machine `id` from outside, as the OOM killer or an admin would.
+    pub fn kill_machine(&self, namespace: &str, id: &str) {
+        let out = match self {
+            PrivateRuntime::Containerd(c) => c.ctr(
+                namespace,
+                &["task", "kill", "--signal", "SIGKILL", "--all", id],
+            ),
+            PrivateRuntime::Docker(d) => d.docker(&["kill", id]),
+        };
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
