@@ -13,6 +13,7 @@ use crate::api::{self, AppState};
 use crate::auth::{JwksError, Verifier};
 use crate::config::Config;
 use crate::environments::Environments;
+use crate::github::{GitHubApp, GitHubError};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +22,8 @@ pub enum DaemonError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Identity(#[from] JwksError),
+    #[error("cannot set up the GitHub App ([github]): {0}")]
+    GitHub(#[from] GitHubError),
     #[error("cannot set up the container runtime back end: {0}")]
     Runtime(#[from] narya_runtimes::RuntimeError),
     #[error("another naryad is serving {0}; stop it first, or set listen.socket to another path")]
@@ -107,7 +110,17 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         Err(e) => return Err(e.into()),
     }
-    let environments = Arc::new(Environments::new(store.clone(), runtime, config.clone()));
+    // A [github] section whose key is unusable is found at start-up, not at the first clone.
+    let github = match &config.github {
+        Some(github) => Some(Arc::new(GitHubApp::new(github)?)),
+        None => None,
+    };
+    let environments = Arc::new(Environments::new(
+        store.clone(),
+        runtime,
+        config.clone(),
+        github,
+    ));
     environments.mark_interrupted().await?;
     let reconciler = tokio::spawn(environments.clone().reconcile_forever());
     let state = AppState {

@@ -9,4 +9,5 @@ pub mod conformance;
 pub mod daemon;
 pub mod devkeys;
 pub mod environments;
+pub mod github;
 pub mod store;

@@ -255,21 +255,24 @@ pub async fn replace(
     Ok(Json(EnvironmentView::from(&record)))
 }
 
-/// Connect the organisation's GitHub App installation.
+/// Connect the organisation's GitHub App installation, once GitHub says it exists.
 #[utoipa::path(put, path = "/v1/organisation/github", tag = "organisation",
     request_body = ConnectGitHubBody,
     responses(
-        (status = 204, description = "Connected"),
+        (status = 204, description = "Connected: repository-carrying creates of this organisation clone through this installation"),
         (status = 400, description = "NRY-0020", body = ErrorBody),
         (status = 401, description = "NRY-0011", body = ErrorBody),
-        (status = 503, description = "NRY-0060", body = ErrorBody),
+        (status = 403, description = "NRY-0050: GitHub knows no such installation of the App, or this host has no GitHub App configured", body = ErrorBody),
+        (status = 503, description = "NRY-0060: GitHub is not answering; nothing was changed", body = ErrorBody),
     ))]
 pub async fn connect_github(
-    State(_state): State<AppState>,
-    _principal: Principal,
-    JsonBody(_body): JsonBody<ConnectGitHubBody>,
+    State(state): State<AppState>,
+    principal: Principal,
+    JsonBody(body): JsonBody<ConnectGitHubBody>,
 ) -> Result<StatusCode, ApiError> {
-    Err(ApiError::RuntimeUnavailable(
-        "connecting a GitHub installation needs the GitHub App client, which this build of naryad does not have yet; nothing was changed".to_owned(),
-    ))
+    state
+        .environments
+        .connect_github(&principal, body.installation_id)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }

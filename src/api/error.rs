@@ -101,7 +101,16 @@ impl From<EnvironmentError> for ApiError {
             EnvironmentError::SetupUnrecorded(_) => ApiError::SetupUnrecorded(message),
             EnvironmentError::NotFound(id) => ApiError::NotFound(id),
             EnvironmentError::NotReady(_) => ApiError::NotReady(message),
-            EnvironmentError::GitHubNotConfigured => ApiError::GitHubNotConnected(message),
+            EnvironmentError::GitHubNotConfigured
+            | EnvironmentError::GitHubNotConnected { .. }
+            | EnvironmentError::InstallationNotFound { .. } => {
+                ApiError::GitHubNotConnected(message)
+            }
+            EnvironmentError::RepositoryNotSelected { .. } => {
+                ApiError::RepositoryNotSelected(message)
+            }
+            // The contract has one code for a dependency that is not answering.
+            EnvironmentError::GitHubUnavailable(_) => ApiError::RuntimeUnavailable(message),
             EnvironmentError::RuntimeUnavailable(_) => ApiError::RuntimeUnavailable(message),
             EnvironmentError::ImageUnavailable(_) => ApiError::ImageUnavailable(message),
             EnvironmentError::Internal(_) => ApiError::Internal(message),

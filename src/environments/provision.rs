@@ -3,12 +3,13 @@
 //! looking healthy.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use narya_runtimes::{
-    ImageSource, MachineSpec, MachineState, ProcessSpec, Runtime, RuntimeError, LABEL_DIGEST,
+    ImageSource, MachineSpec, MachineState, Network, PinnedImage, ProcessSpec, Runtime,
+    RuntimeError, ThrowawaySpec, LABEL_DIGEST,
 };
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -16,9 +17,10 @@ use tokio::sync::broadcast;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::{CreateRequest, EnvironmentId, Progress, Status, Utf8Chunks};
+use super::{CreateRequest, EnvironmentId, Progress, Repository, Status, Utf8Chunks};
 use crate::auth::Principal;
 use crate::config::Config;
+use crate::github::{self, GitHubApp, GitHubError, Redactor};
 use crate::store::{EnvironmentRecord, SetupRecord, Store, StoreError};
 
 /// What the status detail says while a create is in flight.
@@ -46,8 +48,23 @@ pub enum EnvironmentError {
     NotFound(String),
     #[error("{0}")]
     NotReady(String),
-    #[error("repository-carrying creates need the host's GitHub App: add a [github] section (app_id, private_key) to the daemon's configuration; nothing was created")]
+    #[error("this host has no GitHub App, which repository-carrying creates and connecting an installation need: add a [github] section (app_id, private_key) to naryad's configuration and restart it; nothing was created")]
     GitHubNotConfigured,
+    #[error("your organisation has connected no GitHub App installation: install Narya's GitHub App at {connect_url}, then connect it with `narya github connect INSTALLATION_ID` (PUT /v1/organisation/github); nothing was created")]
+    GitHubNotConnected { connect_url: String },
+    #[error("GitHub knows no installation {installation} of Narya's GitHub App (it was never made, or was uninstalled): install the app at {connect_url}, then connect the installation with `narya github connect INSTALLATION_ID` (PUT /v1/organisation/github); nothing was created")]
+    InstallationNotFound {
+        installation: u64,
+        connect_url: String,
+    },
+    #[error("repository {repository} is not among the repositories your organisation's GitHub App installation {installation} selected: add it to the installation's repositories at {connect_url}, or connect another installation with `narya github connect INSTALLATION_ID` (PUT /v1/organisation/github); nothing was created")]
+    RepositoryNotSelected {
+        repository: String,
+        installation: i64,
+        connect_url: String,
+    },
+    #[error("GitHub is not answering ({0}); nothing was created, try again shortly")]
+    GitHubUnavailable(String),
     #[error(
         "the container runtime is not answering ({0}); nothing was provisioned, try again shortly"
     )]
@@ -58,6 +75,15 @@ pub enum EnvironmentError {
     Internal(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<GitHubError> for EnvironmentError {
+    fn from(e: GitHubError) -> Self {
+        match e {
+            GitHubError::Unavailable(m) => EnvironmentError::GitHubUnavailable(m),
+            other => EnvironmentError::Internal(format!("talking to GitHub failed: {other}")),
+        }
+    }
 }
 
 impl From<RuntimeError> for EnvironmentError {
@@ -88,6 +114,8 @@ pub struct Environments {
     pub(super) store: Store,
     pub(super) runtime: Arc<dyn Runtime>,
     pub(super) config: Arc<Config>,
+    /// The host's GitHub App; `None` without a `[github]` section.
+    github: Option<Arc<GitHubApp>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     tasks: TaskTracker,
     /// The progress of creates that are provisioning now, for repeats that join them.
@@ -129,6 +157,41 @@ impl Drop for IdGuard<'_> {
     }
 }
 
+/// A repository checked against the organisation's installation: what the clone fetches, and
+/// through which installation.
+struct CloneSource {
+    repository: Repository,
+    installation: i64,
+}
+
+/// Streams a step's output to the create's progress as text, with `redactor`'s secrets taken
+/// out first. We read the output ourselves, so nobody's stream going away can stop the step.
+fn forward_output(
+    step: &'static str,
+    events: &broadcast::Sender<Progress>,
+    mut redactor: Redactor,
+) -> (
+    tokio::sync::mpsc::Sender<Vec<u8>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (chunks, mut chunks_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    let events = events.clone();
+    let forward = tokio::spawn(async move {
+        let mut text = Utf8Chunks::default();
+        let send = |output: String| {
+            if !output.is_empty() {
+                let _ = events.send(Progress::Output { step, output });
+            }
+        };
+        while let Some(chunk) = chunks_rx.recv().await {
+            send(text.push(&redactor.push(&chunk)));
+        }
+        send(text.push(&redactor.finish()));
+        send(text.finish());
+    });
+    (chunks, forward)
+}
+
 pub fn now_rfc3339() -> String {
     OffsetDateTime::now_utc()
         .format(&Rfc3339)
@@ -142,11 +205,17 @@ fn rfc3339(at: SystemTime) -> String {
 }
 
 impl Environments {
-    pub fn new(store: Store, runtime: Arc<dyn Runtime>, config: Arc<Config>) -> Environments {
+    pub fn new(
+        store: Store,
+        runtime: Arc<dyn Runtime>,
+        config: Arc<Config>,
+        github: Option<Arc<GitHubApp>>,
+    ) -> Environments {
         Environments {
             store,
             runtime,
             config,
+            github,
             locks: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             in_flight: Mutex::new(HashMap::new()),
@@ -428,9 +497,11 @@ impl Environments {
         request: &CreateRequest,
         announce: Option<Announce>,
     ) -> Result<EnvironmentRecord, EnvironmentError> {
-        if request.repository.is_some() && self.config.github.is_none() {
-            return Err(EnvironmentError::GitHubNotConfigured);
-        }
+        // Before anything is made, not even a row: GitHub's refusals cost nothing to undo.
+        let clone = match &request.repository {
+            Some(repository) => Some(self.check_repository(principal, repository).await?),
+            None => None,
+        };
         let id = request.id.as_str();
         // Subscribed now so the image events reach the announced stream too.
         let (events, from_the_start) = broadcast::channel(PROGRESS_BACKLOG);
@@ -475,6 +546,19 @@ impl Environments {
 
         let made = async {
             let workspace = self.prepare_workspace(id, true)?;
+            if let Some(clone) = &clone {
+                let _ = events.send(Progress::started("clone"));
+                let cloned = self
+                    .run_clone(id, &pinned, &workspace, clone, &events)
+                    .await?;
+                let _ = events.send(Progress::finished("clone"));
+                if cloned.state != "succeeded" {
+                    // No machine is made after a failed clone: nothing of this environment runs,
+                    // so nothing can look healthy. The reconciler leaves unusable rows alone,
+                    // exec refuses them, and delete removes a missing machine as a no-op.
+                    return Ok(Some(cloned));
+                }
+            }
             let _ = events.send(Progress::started("machine"));
             self.runtime
                 .create_machine(&self.machine_spec(id, pinned, workspace))
@@ -521,30 +605,7 @@ impl Environments {
     ) -> Result<SetupRecord, EnvironmentError> {
         let env = &self.config.environment;
         let started_at = SystemTime::now();
-        let (chunks, mut chunks_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
-        // We read the output ourselves, so nobody's stream going away can stop the setup.
-        let forward = {
-            let events = events.clone();
-            tokio::spawn(async move {
-                let mut text = Utf8Chunks::default();
-                while let Some(chunk) = chunks_rx.recv().await {
-                    let output = text.push(&chunk);
-                    if !output.is_empty() {
-                        let _ = events.send(Progress::Output {
-                            step: "setup",
-                            output,
-                        });
-                    }
-                }
-                let output = text.finish();
-                if !output.is_empty() {
-                    let _ = events.send(Progress::Output {
-                        step: "setup",
-                        output,
-                    });
-                }
-            })
-        };
+        let (chunks, forward) = forward_output("setup", events, Redactor::none());
         let spec = ProcessSpec {
             argv: vec!["/bin/sh".into(), "-c".into(), SETUP_WRAPPER.into()],
             env: BTreeMap::new(),
@@ -575,6 +636,186 @@ impl Environments {
             started_at: rfc3339(started_at),
             finished_at: now_rfc3339(),
         })
+    }
+
+    /// Step 4 of a create: the organisation's installation, and the repository among those it
+    /// selected. Answers the installation to clone through.
+    async fn check_repository(
+        &self,
+        principal: &Principal,
+        repository: &Repository,
+    ) -> Result<CloneSource, EnvironmentError> {
+        let github = self
+            .github
+            .as_ref()
+            .ok_or(EnvironmentError::GitHubNotConfigured)?;
+        let connect_url = github.connect_url().to_owned();
+        let Some(installation) = self.store.installation(&principal.organisation).await? else {
+            return Err(EnvironmentError::GitHubNotConnected { connect_url });
+        };
+        match github.selects(installation, repository).await {
+            Ok(true) => Ok(CloneSource {
+                repository: repository.clone(),
+                installation,
+            }),
+            Ok(false) => Err(EnvironmentError::RepositoryNotSelected {
+                repository: repository.to_string(),
+                installation,
+                connect_url,
+            }),
+            Err(GitHubError::InstallationNotFound(_)) => {
+                Err(EnvironmentError::InstallationNotFound {
+                    installation: installation.unsigned_abs(),
+                    connect_url,
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Clones the repository into the (empty) workspace before the machine exists: `git clone`
+    /// in a throwaway container of the pinned image, as the environment's user, bounded by
+    /// `environment.clone_timeout`, with a token minted for this one clone (that repository,
+    /// `contents: read`) living only in that process's environment and revoked right after.
+    /// A clone that fails is answered as a record, like a failed setup; only a runtime that
+    /// fails is an error.
+    async fn run_clone(
+        &self,
+        id: &str,
+        image: &PinnedImage,
+        workspace: &Path,
+        source: &CloneSource,
+        events: &broadcast::Sender<Progress>,
+    ) -> Result<SetupRecord, EnvironmentError> {
+        let github = self
+            .github
+            .as_ref()
+            .ok_or(EnvironmentError::GitHubNotConfigured)?;
+        let env = &self.config.environment;
+        let started_at = SystemTime::now();
+        let failed = |output: String| SetupRecord {
+            state: "failed".to_owned(),
+            step: "clone".to_owned(),
+            exit_code: None,
+            output,
+            output_truncated: false,
+            started_at: rfc3339(started_at),
+            finished_at: now_rfc3339(),
+        };
+        let token = match github
+            .mint_token(
+                source.installation,
+                Some(&[source.repository.name()][..]),
+                serde_json::json!({"contents": "read"}),
+            )
+            .await
+        {
+            Ok(token) => token,
+            // A token GitHub will not give fails the clone like a refused one would.
+            Err(e) => {
+                tracing::warn!(error = %e, "GitHub gave no token for the clone");
+                let output = format!(
+                    "narya: GitHub gave no token to clone {}: {e}\n",
+                    source.repository
+                );
+                let _ = events.send(Progress::Output {
+                    step: "clone",
+                    output: output.clone(),
+                });
+                return Ok(failed(output));
+            }
+        };
+        tracing::info!(repository = %source.repository, "cloning with a token minted for this clone");
+        let redactor = Redactor::for_token(&token.token);
+        let (chunks, forward) = forward_output("clone", events, Redactor::for_token(&token.token));
+        let spec = ThrowawaySpec {
+            name: github::throwaway_name(id),
+            image: image.clone(),
+            workspace: workspace.to_owned(),
+            mount_point: env.workspace.clone(),
+            user: env.user,
+            // The clone must reach GitHub whatever network the machine itself is given.
+            network: Network::Host,
+            process: ProcessSpec {
+                argv: github::clone_argv(&github.clone_url(&source.repository), &env.workspace),
+                env: github::clone_env(github.git_url(), &token.token),
+                cwd: None,
+                timeout: env.clone_timeout.0,
+                output_limit: env.output_limit,
+                stdin: None,
+                output: Some(chunks),
+            },
+        };
+        let outcome = self.runtime.run_throwaway(&spec).await;
+        drop(spec);
+        let _ = forward.await;
+        // Revoked whatever the clone did: the token was for this one command.
+        match github.revoke(&token.token).await {
+            Ok(()) => tracing::info!("the clone's token is revoked"),
+            Err(e) => {
+                tracing::warn!(error = %e, expires_at = ?token.expires_at, "could not revoke the clone's token; it expires on its own")
+            }
+        }
+        let outcome = outcome?;
+        let mut output = redactor.redact(&outcome.output, outcome.output_truncated);
+        let mut state = if outcome.timed_out {
+            "timed_out"
+        } else if outcome.exit_code == Some(0) {
+            "succeeded"
+        } else {
+            "failed"
+        };
+        if state == "succeeded" {
+            let config = std::fs::read(workspace.join(".git/config")).unwrap_or_default();
+            if github::config_holds_secret(&config, &token.token) {
+                tracing::error!(
+                    "the clone left its credential in .git/config; emptying the workspace"
+                );
+                self.prepare_workspace(id, true)?;
+                state = "failed";
+                output.extend_from_slice(
+                    b"narya: the clone left its credential in .git/config; the workspace was emptied\n",
+                );
+            }
+        }
+        tracing::info!(state, exit_code = ?outcome.exit_code, "clone finished");
+        Ok(SetupRecord {
+            state: state.to_owned(),
+            step: "clone".to_owned(),
+            exit_code: outcome.exit_code.map(i64::from),
+            output: String::from_utf8_lossy(&output).into_owned(),
+            output_truncated: outcome.output_truncated,
+            started_at: rfc3339(started_at),
+            finished_at: now_rfc3339(),
+        })
+    }
+
+    /// Connects `principal`'s organisation to GitHub App installation `installation_id`, once
+    /// GitHub has said that installation exists. Repeating it is safe; a new id replaces the old.
+    pub async fn connect_github(
+        &self,
+        principal: &Principal,
+        installation_id: u64,
+    ) -> Result<(), EnvironmentError> {
+        let github = self
+            .github
+            .as_ref()
+            .ok_or(EnvironmentError::GitHubNotConfigured)?;
+        let not_found = || EnvironmentError::InstallationNotFound {
+            installation: installation_id,
+            connect_url: github.connect_url().to_owned(),
+        };
+        // GitHub's ids are positive 64-bit integers; a larger one names nothing.
+        let id = i64::try_from(installation_id).map_err(|_| not_found())?;
+        let installation = github.installation(id).await.map_err(|e| match e {
+            GitHubError::InstallationNotFound(_) => not_found(),
+            other => other.into(),
+        })?;
+        self.store
+            .connect_installation(&principal.organisation, installation.id, &now_rfc3339())
+            .await?;
+        tracing::info!(organisation = %principal.organisation, installation = installation.id, account = ?installation.account, "GitHub installation connected");
+        Ok(())
     }
 
     /// Takes back a create that failed before its outcome was recorded. When the machine cannot

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod e2e;
+pub mod github;
 pub mod idp;
 pub mod private;
 

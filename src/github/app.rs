@@ -1,0 +1,442 @@
+//! The GitHub App's REST client: GitHub's documented endpoints, shapes and headers, spoken to
+//! `github.api_url` with the App's JWT or an installation token.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{GitHubError, Secret};
+use crate::config;
+use crate::environments::Repository;
+
+/// The REST API version every request asks for.
+const API_VERSION: &str = "2022-11-28";
+const MEDIA_TYPE: &str = "application/vnd.github+json";
+/// GitHub refuses requests without a User-Agent.
+const USER_AGENT: &str = concat!("narya-host/", env!("CARGO_PKG_VERSION"));
+/// The App's JWT is dated a minute back against clock drift, and lives well inside the ten
+/// minutes GitHub allows.
+const JWT_BACKDATE: u64 = 60;
+const JWT_LIFETIME: u64 = 8 * 60;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// GitHub's largest page of `GET /installation/repositories`.
+const PER_PAGE: usize = 100;
+/// Ten thousand repositories: more than an installation plausibly selects.
+const MAX_PAGES: usize = 100;
+
+/// Narya's GitHub App as this host is configured with it.
+pub struct GitHubApp {
+    app_id: u64,
+    key: EncodingKey,
+    api_url: String,
+    git_url: String,
+    connect_url: String,
+    http: reqwest::Client,
+}
+
+impl std::fmt::Debug for GitHubApp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitHubApp")
+            .field("app_id", &self.app_id)
+            .field("key", &"[redacted]")
+            .field("api_url", &self.api_url)
+            .field("git_url", &self.git_url)
+            .finish()
+    }
+}
+
+/// An installation of the App, as `GET /app/installations/{id}` describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Installation {
+    pub id: i64,
+    /// The account (organisation or user) that installed the App.
+    pub account: Option<String>,
+    /// `all` or `selected`.
+    pub repository_selection: Option<String>,
+}
+
+/// An installation access token; it prints as `[redacted]`.
+#[derive(Debug)]
+pub struct InstallationToken {
+    pub token: Secret,
+    pub expires_at: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct InstallationBody {
+    id: i64,
+    account: Option<AccountBody>,
+    repository_selection: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct AccountBody {
+    login: String,
+}
+
+/// Deliberately without `Debug`: it holds the token.
+#[derive(Deserialize)]
+struct TokenBody {
+    token: String,
+    expires_at: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RepositoriesPage {
+    total_count: u64,
+    repositories: Vec<RepositoryBody>,
+}
+
+#[derive(Deserialize)]
+struct RepositoryBody {
+    full_name: String,
+}
+
+/// How to authenticate one request.
+enum Credential<'a> {
+    App,
+    Installation(&'a Secret),
+}
+
+impl GitHubApp {
+    /// Reads the App's private key and prepares the client. Errors: `Key` when the key cannot
+    /// be read or is not an RSA private key in PEM form (GitHub's download is one).
+    pub fn new(config: &config::GitHub) -> Result<GitHubApp, GitHubError> {
+        let key_error = |reason: String| GitHubError::Key {
+            path: config.private_key.display().to_string(),
+            reason,
+        };
+        let pem = std::fs::read(&config.private_key).map_err(|e| key_error(e.to_string()))?;
+        let key = EncodingKey::from_rsa_pem(&pem).map_err(|_| {
+            key_error("it is not an RSA private key in PEM form, as GitHub gives it".to_owned())
+        })?;
+        let http = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            // A redirect would carry a credential somewhere nobody configured.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| GitHubError::Unavailable(format!("cannot build the HTTP client: {e}")))?;
+        let app = GitHubApp {
+            app_id: config.app_id,
+            key,
+            api_url: config.api_url.trim_end_matches('/').to_owned(),
+            git_url: config.git_url.trim_end_matches('/').to_owned(),
+            connect_url: config.connect_url.clone(),
+            http,
+        };
+        // A key that cannot sign is found now, not at the first create.
+        app.app_jwt()
+            .map_err(|_| key_error("it cannot sign an RS256 JWT".to_owned()))?;
+        Ok(app)
+    }
+
+    /// Where an organisation installs the App; named in refusals.
+    pub fn connect_url(&self) -> &str {
+        &self.connect_url
+    }
+
+    /// The git host, without a trailing slash.
+    pub fn git_url(&self) -> &str {
+        &self.git_url
+    }
+
+    /// `{git_url}/{owner}/{name}.git`.
+    pub fn clone_url(&self, repository: &Repository) -> String {
+        format!(
+            "{}/{}/{}.git",
+            self.git_url,
+            repository.owner(),
+            repository.name()
+        )
+    }
+
+    /// The App's own JWT: RS256, `iss` the App id, dated back a minute, short-lived.
+    fn app_jwt(&self) -> Result<Secret, GitHubError> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let claims = json!({
+            "iat": now.saturating_sub(JWT_BACKDATE),
+            "exp": now + JWT_LIFETIME,
+            "iss": self.app_id,
+        });
+        jsonwebtoken::encode(&Header::new(Algorithm::RS256), &claims, &self.key)
+            .map(Secret::new)
+            .map_err(|e| GitHubError::Key {
+                path: "(loaded)".to_owned(),
+                reason: format!("cannot sign the App's JWT: {e}"),
+            })
+    }
+
+    /// One request with GitHub's headers; a GitHub that cannot be reached or answers 5xx is
+    /// `Unavailable`, any other answer is the caller's to read.
+    async fn call(
+        &self,
+        what: &'static str,
+        method: Method,
+        path: &str,
+        credential: Credential<'_>,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Vec<u8>), GitHubError> {
+        let bearer = match credential {
+            Credential::App => self.app_jwt()?,
+            Credential::Installation(token) => token.clone(),
+        };
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.api_url))
+            .header(reqwest::header::ACCEPT, MEDIA_TYPE)
+            .header("X-GitHub-Api-Version", API_VERSION)
+            .bearer_auth(bearer.expose());
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let unavailable =
+            |e: reqwest::Error| GitHubError::Unavailable(format!("{what}: {}", chain(&e)));
+        let response = request.send().await.map_err(unavailable)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(unavailable)?.to_vec();
+        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+            return Err(GitHubError::Unavailable(format!(
+                "{what}: {status}: {}",
+                message_of(&bytes)
+            )));
+        }
+        Ok((status, bytes))
+    }
+
+    /// `GET /app/installations/{id}`. Errors: `InstallationNotFound` on GitHub's 404;
+    /// `Unavailable`; `Refused` (e.g. the App's credentials are wrong); `Unexpected`.
+    pub async fn installation(&self, id: i64) -> Result<Installation, GitHubError> {
+        const WHAT: &str = "looking up the installation";
+        let (status, body) = self
+            .call(
+                WHAT,
+                Method::GET,
+                &format!("/app/installations/{id}"),
+                Credential::App,
+                None,
+            )
+            .await?;
+        match status {
+            StatusCode::OK => {
+                let found: InstallationBody = parse(WHAT, &body)?;
+                Ok(Installation {
+                    id: found.id,
+                    account: found.account.map(|a| a.login),
+                    repository_selection: found.repository_selection,
+                })
+            }
+            StatusCode::NOT_FOUND => Err(GitHubError::InstallationNotFound(id)),
+            other => Err(refused(WHAT, other, &body)),
+        }
+    }
+
+    /// `POST /app/installations/{id}/access_tokens`: a token limited to `repositories` (names
+    /// within the installation's account; `None`: all it selected) and `permissions`.
+    /// Errors: `InstallationNotFound`; `RepositoryNotAccessible` on GitHub's 422 (a repository
+    /// the installation does not reach); `Unavailable`; `Refused`; `Unexpected`.
+    pub async fn mint_token(
+        &self,
+        installation: i64,
+        repositories: Option<&[&str]>,
+        permissions: Value,
+    ) -> Result<InstallationToken, GitHubError> {
+        const WHAT: &str = "minting an installation token";
+        let mut request = json!({ "permissions": permissions });
+        if let Some(repositories) = repositories {
+            request["repositories"] = json!(repositories);
+        }
+        let (status, body) = self
+            .call(
+                WHAT,
+                Method::POST,
+                &format!("/app/installations/{installation}/access_tokens"),
+                Credential::App,
+                Some(&request),
+            )
+            .await?;
+        match status {
+            StatusCode::CREATED => {
+                let minted: TokenBody = parse(WHAT, &body)?;
+                if minted.token.is_empty() {
+                    return Err(GitHubError::Unexpected {
+                        what: WHAT,
+                        reason: "an empty token".to_owned(),
+                    });
+                }
+                Ok(InstallationToken {
+                    token: Secret::new(minted.token),
+                    expires_at: minted.expires_at,
+                })
+            }
+            StatusCode::NOT_FOUND => Err(GitHubError::InstallationNotFound(installation)),
+            StatusCode::UNPROCESSABLE_ENTITY => {
+                Err(GitHubError::RepositoryNotAccessible(message_of(&body)))
+            }
+            other => Err(refused(WHAT, other, &body)),
+        }
+    }
+
+    /// `DELETE /installation/token`: the token stops working now. A token GitHub no longer
+    /// takes (401) is already as good as revoked. Errors: `Unavailable`; `Refused`.
+    pub async fn revoke(&self, token: &Secret) -> Result<(), GitHubError> {
+        const WHAT: &str = "revoking an installation token";
+        let (status, body) = self
+            .call(
+                WHAT,
+                Method::DELETE,
+                "/installation/token",
+                Credential::Installation(token),
+                None,
+            )
+            .await?;
+        match status {
+            StatusCode::NO_CONTENT | StatusCode::UNAUTHORIZED => Ok(()),
+            other => Err(refused(WHAT, other, &body)),
+        }
+    }
+
+    /// Whether `installation` selected `repository`: its repositories listed (every page)
+    /// with a token that can read metadata only, revoked as soon as the list is read.
+    /// Errors: `InstallationNotFound`; `Unavailable`; `Refused`; `Unexpected`.
+    pub async fn selects(
+        &self,
+        installation: i64,
+        repository: &Repository,
+    ) -> Result<bool, GitHubError> {
+        let token = self
+            .mint_token(installation, None, json!({"metadata": "read"}))
+            .await?;
+        let found = self.find_selected(&token.token, repository).await;
+        if let Err(e) = self.revoke(&token.token).await {
+            tracing::warn!(error = %e, expires_at = ?token.expires_at, "could not revoke the token that listed the installation's repositories; it expires on its own");
+        }
+        found
+    }
+
+    async fn find_selected(
+        &self,
+        token: &Secret,
+        repository: &Repository,
+    ) -> Result<bool, GitHubError> {
+        const WHAT: &str = "listing the installation's repositories";
+        let mut seen = 0u64;
+        for page in 1..=MAX_PAGES {
+            let (status, body) = self
+                .call(
+                    WHAT,
+                    Method::GET,
+                    &format!("/installation/repositories?per_page={PER_PAGE}&page={page}"),
+                    Credential::Installation(token),
+                    None,
+                )
+                .await?;
+            if status != StatusCode::OK {
+                return Err(refused(WHAT, status, &body));
+            }
+            let listed: RepositoriesPage = parse(WHAT, &body)?;
+            // GitHub's names are case-insensitive.
+            if listed
+                .repositories
+                .iter()
+                .any(|r| r.full_name.eq_ignore_ascii_case(repository.as_str()))
+            {
+                return Ok(true);
+            }
+            seen += listed.repositories.len() as u64;
+            if listed.repositories.len() < PER_PAGE || seen >= listed.total_count {
+                return Ok(false);
+            }
+        }
+        tracing::warn!(
+            pages = MAX_PAGES,
+            "the installation selects more repositories than are listed; treating the rest as not selected"
+        );
+        Ok(false)
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    body: &[u8],
+) -> Result<T, GitHubError> {
+    serde_json::from_slice(body).map_err(|e| GitHubError::Unexpected {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+fn refused(what: &'static str, status: StatusCode, body: &[u8]) -> GitHubError {
+    GitHubError::Refused {
+        what,
+        status: status.as_u16(),
+        message: message_of(body),
+    }
+}
+
+/// GitHub's error `message`, or the start of whatever it sent.
+fn message_of(body: &[u8]) -> String {
+    #[derive(Deserialize)]
+    struct ErrorBody {
+        message: String,
+    }
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(e) => e.message,
+        Err(_) => String::from_utf8_lossy(body).chars().take(200).collect(),
+    }
+}
+
+/// An error with its causes, which say what actually went wrong (refused, timed out, …).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_read_githubs_message() {
+        assert_eq!(
+            message_of(br#"{"message":"Not Found","documentation_url":"https://docs.github.com"}"#),
+            "Not Found"
+        );
+        assert_eq!(message_of(b"plain"), "plain");
+    }
+
+    #[test]
+    fn a_key_that_is_not_rsa_pem_is_refused_without_printing_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key.pem");
+        std::fs::write(
+            &path,
+            "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let config = config::GitHub {
+            app_id: 1,
+            private_key: path,
+            api_url: "https://api.github.com".to_owned(),
+            git_url: "https://github.com".to_owned(),
+            connect_url: "https://github.com/apps/narya/installations/new".to_owned(),
+        };
+        let error = GitHubApp::new(&config).unwrap_err().to_string();
+        assert!(error.contains("key.pem"), "{error}");
+        assert!(!error.contains("c2VjcmV0"), "{error}");
+    }
+}
