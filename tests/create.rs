@@ -102,7 +102,7 @@ async fn a_failing_setup_leaves_the_environment_unusable_and_is_never_run_again(
     };
     let client = host.acme();
     let id = unique_id("fails");
-    let script = "echo run >> /workspace/runs; seq 1 1000; echo 'make: *** No rule to make target' >&2; exit 3";
+    let script = "echo run >> /workspace/runs; seq 1 1000; echo 'make: *** No rule to make target' >&2; seq 1 3 >&2; exit 3";
     let answer = create(&client, json!({"id": id, "setup": script})).await;
     assert_eq!(answer.status, StatusCode::CREATED);
     let env = body(&answer);
@@ -111,7 +111,7 @@ async fn a_failing_setup_leaves_the_environment_unusable_and_is_never_run_again(
     assert_eq!(env["setup"]["exit_code"], 3);
     let output = env["setup"]["output"].as_str().unwrap();
     assert!(
-        output.ends_with("make: *** No rule to make target\n"),
+        output.ends_with("make: *** No rule to make target\n1\n2\n3\n"),
         "the tail is kept: {output:?}"
     );
     assert!(output.len() <= 2000);
@@ -226,17 +226,24 @@ async fn a_create_whose_client_disconnects_still_finishes(backend: Backend) {
         );
         stream.write_all(head.as_bytes()).await.unwrap();
         stream.write_all(&request_body).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        // The client goes away mid-provisioning.
+        // Once the create is provisioning (its row is there), the client goes away.
+        let watcher = host.acme();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let during = get(&watcher, &id).await;
+            if during.status == StatusCode::OK {
+                let during = body(&during);
+                assert_eq!(
+                    (during["status"].as_str(), during["status_detail"].as_str()),
+                    (Some("degraded"), Some("provisioning"))
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "the create never started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     let client = host.acme();
-    let during = get(&client, &id).await;
-    assert_eq!(during.status, StatusCode::OK);
-    let during = body(&during);
-    assert_eq!(
-        (during["status"].as_str(), during["status_detail"].as_str()),
-        (Some("degraded"), Some("provisioning"))
-    );
     let env = settled(&client, &id, Duration::from_secs(60)).await;
     assert_eq!(env["status"], "ready");
     assert_eq!(

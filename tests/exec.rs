@@ -351,9 +351,11 @@ fn the_cli_streams_exec_and_reports_exit_codes() {
         "piped in\n",
     );
     assert_eq!(out.status.code(), Some(3));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "piped in\nto-stderr\n"
+    // stdout and stderr travel in two pipes: both arrive, in an order nobody promises.
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("piped in\n") && printed.contains("to-stderr\n") && printed.len() == 19,
+        "{printed:?}"
     );
     let out = narya(
         &["env", "exec", &id, "--timeout", "1s", "--", "sleep", "30"],

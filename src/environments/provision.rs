@@ -28,12 +28,14 @@ pub const PROVISIONING: &str = "provisioning";
 
 /// Runs the setup script from stdin as a file in the machine's private /tmp: a script may be
 /// longer than one argument can carry, and one with a `#!` line chooses its own interpreter.
+/// Its stderr joins its stdout in one pipe, so the recorded output keeps the order it was
+/// written in (two pipes are copied independently and interleave arbitrarily).
 const SETUP_WRAPPER: &str = r#"f=$(mktemp /tmp/narya-setup.XXXXXX) || exit 125
 cat > "$f" || exit 125
 chmod 700 "$f"
 case "$(head -c 2 "$f")" in
-  '#!') "$f" </dev/null ;;
-  *) /bin/bash "$f" </dev/null ;;
+  '#!') "$f" </dev/null 2>&1 ;;
+  *) /bin/bash "$f" </dev/null 2>&1 ;;
 esac"#;
 
 #[derive(Debug, thiserror::Error)]
