@@ -22,4 +22,4 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "test.sh: not root, so the runtimes are not started; tests that need them will skip" >&2
 fi
-exec cargo test --workspace "$@"
+exec cargo test --workspace --no-fail-fast "$@"
