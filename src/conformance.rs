@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use narya_runtimes::conformance::{self, Fixture, Verdict};
+use narya_runtimes::conformance::{self, Fixture};
 use narya_runtimes::ImageSource;
 
 use crate::config::Config;
@@ -47,16 +47,9 @@ pub async fn run(config: &Config) -> Result<(), ConformanceError> {
     );
     let reports = conformance::run(runtime.as_ref(), &fixture).await;
     let _ = remove_empty(&scratch);
-    let mut failed = 0;
-    for report in &reports {
-        println!("{report}");
-        if !matches!(report.verdict, Verdict::Passed) {
-            failed += 1;
-        }
-    }
-    if failed > 0 {
+    if let Err(failed) = conformance::print_and_judge(&reports) {
         return Err(ConformanceError::Failed {
-            failed,
+            failed: failed.lines().count(),
             total: reports.len(),
         });
     }

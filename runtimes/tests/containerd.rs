@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use narya_oci::ImageReference;
-use narya_runtimes::conformance::{self, Fixture, Verdict};
+use narya_runtimes::conformance::{self, Fixture};
 use narya_runtimes::containerd::{Containerd, ContainerdConfig};
 use narya_runtimes::Runtime as _;
 use narya_runtimes::{ImageSource, Network, User};
@@ -74,19 +74,9 @@ async fn run_suite(reference: ImageReference, namespace: &str) {
     };
     std::fs::create_dir_all(&fixture.scratch).unwrap();
     let reports = conformance::run(&runtime, &fixture).await;
-    for report in &reports {
-        println!("{report}");
+    if let Err(failed) = conformance::print_and_judge(&reports) {
+        panic!("conformance against containerd:\n{failed}");
     }
-    let failed: Vec<String> = reports
-        .iter()
-        .filter(|r| !matches!(r.verdict, Verdict::Passed))
-        .map(ToString::to_string)
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "conformance against containerd:\n{}",
-        failed.join("\n")
-    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

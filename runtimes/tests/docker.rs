@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use bollard::query_parameters::RemoveImageOptions;
 use narya_oci::{Digest, ImageReference};
-use narya_runtimes::conformance::{self, Fixture, Verdict};
+use narya_runtimes::conformance::{self, Fixture};
 use narya_runtimes::docker::{Docker, DockerConfig};
 use narya_runtimes::fetch::ImageFetcher;
 use narya_runtimes::Runtime as _;
@@ -123,19 +123,9 @@ async fn run_suite(reference: ImageReference, prefix: &str) {
     };
     std::fs::create_dir_all(&fixture.scratch).unwrap();
     let reports = conformance::run(&runtime, &fixture).await;
-    for report in &reports {
-        println!("{report}");
+    if let Err(failed) = conformance::print_and_judge(&reports) {
+        panic!("conformance against Docker:\n{failed}");
     }
-    let failed: Vec<String> = reports
-        .iter()
-        .filter(|r| !matches!(r.verdict, Verdict::Passed))
-        .map(ToString::to_string)
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "conformance against Docker:\n{}",
-        failed.join("\n")
-    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

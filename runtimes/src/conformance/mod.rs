@@ -85,6 +85,24 @@ pub fn cases() -> Vec<(&'static str, &'static str, CaseFn)> {
     cases::all()
 }
 
+/// Prints a line per case; the failed (and skipped) ones, one per line, when any case did not
+/// pass. A suite that skips is not a suite that passed.
+pub fn print_and_judge(reports: &[CaseReport]) -> Result<(), String> {
+    for report in reports {
+        println!("{report}");
+    }
+    let not_passed: Vec<String> = reports
+        .iter()
+        .filter(|r| !matches!(r.verdict, Verdict::Passed))
+        .map(ToString::to_string)
+        .collect();
+    if not_passed.is_empty() {
+        Ok(())
+    } else {
+        Err(not_passed.join("\n"))
+    }
+}
+
 /// Runs every case against `runtime`, one after another, and reports each.
 pub async fn run(runtime: &dyn Runtime, fixture: &Fixture) -> Vec<CaseReport> {
     let mut reports = Vec::new();
