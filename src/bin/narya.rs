@@ -323,14 +323,7 @@ async fn create_streamed(
         .stream_json(Method::POST, "/v1/environments", body)
         .await?;
     if !answer.streaming {
-        let status = answer.status;
-        let body = answer.rest().await?;
-        report_error(&Answer {
-            status,
-            headers: Default::default(),
-            body,
-        });
-        return Ok(Outcome::ApiError);
+        return report_plain_error(answer).await;
     }
     let terminal = std::io::stderr().is_terminal();
     let started = std::time::Instant::now();
@@ -345,12 +338,7 @@ async fn create_streamed(
             continue;
         }
         if let Some(error) = event.get("error") {
-            eprintln!(
-                "error {}: {}",
-                error["code"].as_str().unwrap_or("NRY-0099"),
-                error["message"].as_str().unwrap_or("the create failed")
-            );
-            return Ok(Outcome::ApiError);
+            return Ok(report_stream_error(error));
         }
         if json_out {
             continue;
@@ -418,14 +406,7 @@ async fn exec_streamed(
 ) -> anyhow::Result<Outcome> {
     let mut answer = client.stream_json(Method::POST, path, body).await?;
     if !answer.streaming {
-        let status = answer.status;
-        let body = answer.rest().await?;
-        report_error(&Answer {
-            status,
-            headers: Default::default(),
-            body,
-        });
-        return Ok(Outcome::ApiError);
+        return report_plain_error(answer).await;
     }
     let mut stdout = std::io::stdout();
     while let Some(line) = answer.next_line().await? {
@@ -435,12 +416,7 @@ async fn exec_streamed(
             stdout.write_all(output.as_bytes())?;
             stdout.flush()?;
         } else if let Some(error) = event.get("error") {
-            eprintln!(
-                "error {}: {}",
-                error["code"].as_str().unwrap_or("NRY-0099"),
-                error["message"].as_str().unwrap_or("the command failed")
-            );
-            return Ok(Outcome::ApiError);
+            return Ok(report_stream_error(error));
         } else if event.get("timed_out").is_some() {
             let code = if event["timed_out"] == true {
                 124
@@ -455,6 +431,28 @@ async fn exec_streamed(
     }
     eprintln!("error: the daemon's stream ended without the command's exit");
     Ok(Outcome::ApiError)
+}
+
+/// A streamed request answered with a plain error (found before anything started): printed.
+async fn report_plain_error(answer: narya::client::Streamed) -> anyhow::Result<Outcome> {
+    let status = answer.status;
+    let body = answer.rest().await?;
+    report_error(&Answer {
+        status,
+        headers: Default::default(),
+        body,
+    });
+    Ok(Outcome::ApiError)
+}
+
+/// A stream's last line `{"error": {code, message}}`: printed like any API error.
+fn report_stream_error(error: &serde_json::Value) -> Outcome {
+    eprintln!(
+        "error {}: {}",
+        error["code"].as_str().unwrap_or("NRY-0099"),
+        error["message"].as_str().unwrap_or("the request failed")
+    );
+    Outcome::ApiError
 }
 
 /// Prints an error answer as `error NRY-NNNN: message`; whether the answer was one.
