@@ -1,0 +1,455 @@
+//! The measurements against one back end: the daemon's side and the raw runtime's, alternated.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hyper::{Method, StatusCode};
+use narya::client::{Answer, Client};
+use serde_json::{json, Value};
+use tokio::task::JoinSet;
+
+use crate::daemon::Daemon;
+use crate::raw::Raw;
+use crate::stats::Samples;
+
+/// How much of everything to do.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub short: bool,
+    /// Samples per side of each alternated comparison.
+    pub samples: usize,
+    pub repeat_samples: usize,
+    pub concurrency: usize,
+    pub rounds: usize,
+    /// Environments recorded for the memory and list figures.
+    pub loaded: usize,
+    pub list_samples: usize,
+}
+
+/// How many untimed creates and deletes run at once while loading and cleaning up.
+const HELPERS: usize = 8;
+
+pub struct Pair {
+    pub ours: Samples,
+    pub raw: Samples,
+}
+
+impl Pair {
+    pub fn ratio(&self) -> f64 {
+        self.ours.median() / self.raw.median()
+    }
+}
+
+pub struct Concurrent {
+    pub ours: Samples,
+    pub raw: Samples,
+    pub ours_errors: usize,
+    pub raw_errors: usize,
+    /// Machines running after each round.
+    pub ours_machines: Vec<usize>,
+    pub raw_machines: Vec<usize>,
+    /// The first few failures, verbatim.
+    pub failures: Vec<String>,
+}
+
+impl Concurrent {
+    pub fn ratio(&self) -> f64 {
+        self.ours.median() / self.raw.median()
+    }
+}
+
+pub struct Memory {
+    pub idle_kib: u64,
+    pub loaded_kib: u64,
+    pub peak_kib: u64,
+}
+
+pub struct Report {
+    pub image: String,
+    pub raw_create: String,
+    pub create: Pair,
+    pub repeat: Samples,
+    pub exec: Pair,
+    pub concurrent: Concurrent,
+    pub memory: Memory,
+    pub list: Samples,
+}
+
+pub struct Bench {
+    plan: Plan,
+    client: Client,
+    raw: Raw,
+    prefix: String,
+    counter: AtomicUsize,
+    /// What exists and must go at the end, whatever happens in between.
+    ours_live: Mutex<BTreeSet<String>>,
+    raw_live: Mutex<BTreeSet<String>>,
+}
+
+fn describe(answer: &Answer) -> String {
+    format!(
+        "{} {}",
+        answer.status,
+        String::from_utf8_lossy(&answer.body).trim()
+    )
+}
+
+/// Times `work`.
+async fn timed<T>(work: impl Future<Output = Result<T>>) -> Result<(Duration, T)> {
+    let start = Instant::now();
+    let value = work.await?;
+    Ok((start.elapsed(), value))
+}
+
+impl Bench {
+    pub fn new(plan: Plan, client: Client, raw: Raw, prefix: String) -> Arc<Bench> {
+        Arc::new(Bench {
+            plan,
+            client,
+            raw,
+            prefix,
+            counter: AtomicUsize::new(0),
+            ours_live: Mutex::new(BTreeSet::new()),
+            raw_live: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    fn fresh_id(&self, kind: &str) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        format!("{}{kind}-{n}", self.prefix)
+    }
+
+    fn track(set: &Mutex<BTreeSet<String>>, id: &str, live: bool) {
+        let mut set = set.lock().unwrap_or_else(|p| p.into_inner());
+        if live {
+            set.insert(id.to_owned());
+        } else {
+            set.remove(id);
+        }
+    }
+
+    /// `POST /v1/environments` for a new id: must answer 201 with a ready environment.
+    async fn create_ours(&self, id: &str) -> Result<Value> {
+        Self::track(&self.ours_live, id, true);
+        let answer = self
+            .client
+            .send_json(Method::POST, "/v1/environments", &json!({ "id": id }))
+            .await?;
+        if answer.status != StatusCode::CREATED {
+            bail!("create of {id} answered {}", describe(&answer));
+        }
+        let env: Value = serde_json::from_slice(&answer.body)
+            .with_context(|| format!("create of {id}: the answer is not JSON"))?;
+        if env["status"] != "ready" {
+            bail!("create of {id} answered 201 but not ready: {env}");
+        }
+        Ok(env)
+    }
+
+    async fn delete_ours(&self, id: &str) -> Result<()> {
+        let answer = self
+            .client
+            .send(Method::DELETE, &format!("/v1/environments/{id}"), None)
+            .await?;
+        if answer.status != StatusCode::NO_CONTENT {
+            bail!("delete of {id} answered {}", describe(&answer));
+        }
+        Self::track(&self.ours_live, id, false);
+        Ok(())
+    }
+
+    async fn create_raw(&self, image: &str, id: &str) -> Result<()> {
+        Self::track(&self.raw_live, id, true);
+        self.raw.create(image, id).await
+    }
+
+    async fn delete_raw(&self, ids: &[String]) -> Result<()> {
+        self.raw.remove(ids).await?;
+        for id in ids {
+            Self::track(&self.raw_live, id, false);
+        }
+        Ok(())
+    }
+
+    /// Deletes `ids` through the daemon, `HELPERS` at a time.
+    async fn delete_ours_all(self: &Arc<Self>, ids: Vec<String>) -> Result<()> {
+        let mut results = Vec::new();
+        for chunk in ids.chunks(HELPERS) {
+            let mut set = JoinSet::new();
+            for id in chunk {
+                let (bench, id) = (self.clone(), id.clone());
+                set.spawn(async move { bench.delete_ours(&id).await });
+            }
+            results.extend(set.join_all().await);
+        }
+        results.into_iter().collect()
+    }
+
+    /// Everything, in order; the caller cleans up afterwards whatever happened.
+    pub async fn run(self: &Arc<Self>, daemon: &Daemon) -> Result<Report> {
+        let plan = self.plan.clone();
+
+        // Warm-up: the first create loads the image into the runtime.
+        eprintln!("  warm-up");
+        let warm = self.fresh_id("warm");
+        let env = self.create_ours(&warm).await?;
+        self.delete_ours(&warm).await?;
+        let digest = env["image_digest"]
+            .as_str()
+            .context("the environment names no image_digest")?
+            .to_owned();
+        let image = self.raw.image_for(&digest).await?;
+        let raw_warm = self.fresh_id("rwarm");
+        self.create_raw(&image, &raw_warm).await?;
+        self.delete_raw(&[raw_warm]).await?;
+
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (idle_kib, _) = daemon.memory_kib()?;
+
+        eprintln!("  create, alternating ({} samples a side)", plan.samples);
+        let mut create = Pair {
+            ours: Samples::default(),
+            raw: Samples::default(),
+        };
+        for _ in 0..plan.samples {
+            let id = self.fresh_id("c");
+            let (took, _) = timed(self.create_ours(&id)).await?;
+            create.ours.push(took);
+            self.delete_ours(&id).await?;
+
+            let id = self.fresh_id("rc");
+            let (took, _) = timed(self.create_raw(&image, &id)).await?;
+            create.raw.push(took);
+            self.delete_raw(&[id]).await?;
+        }
+
+        eprintln!("  idempotent repeat ({} samples)", plan.repeat_samples);
+        let kept = self.fresh_id("repeat");
+        self.create_ours(&kept).await?;
+        let body = json!({ "id": kept });
+        let mut repeat = Samples::default();
+        for _ in 0..plan.repeat_samples {
+            let (took, answer) = timed(async {
+                Ok(self
+                    .client
+                    .send_json(Method::POST, "/v1/environments", &body)
+                    .await?)
+            })
+            .await?;
+            if answer.status != StatusCode::OK {
+                bail!("a repeat of {kept} answered {}", describe(&answer));
+            }
+            repeat.push(took);
+        }
+
+        eprintln!(
+            "  exec round trip, alternating ({} samples a side)",
+            plan.samples
+        );
+        let raw_kept = self.fresh_id("rexec");
+        self.create_raw(&image, &raw_kept).await?;
+        let exec_path = format!("/v1/environments/{kept}/exec");
+        let exec_body = json!({ "argv": ["true"] });
+        let exec_ours = || async {
+            let answer = self
+                .client
+                .send_json(Method::POST, &exec_path, &exec_body)
+                .await?;
+            let outcome: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+            if answer.status != StatusCode::OK || outcome["exit_code"] != 0 {
+                bail!("exec of true in {kept} answered {}", describe(&answer));
+            }
+            Ok(())
+        };
+        let mut exec = Pair {
+            ours: Samples::default(),
+            raw: Samples::default(),
+        };
+        // One untimed round trip a side first.
+        exec_ours().await?;
+        self.raw.exec(&raw_kept, "warm").await?;
+        for i in 0..plan.samples {
+            let (took, _) = timed(exec_ours()).await?;
+            exec.ours.push(took);
+            let (took, _) = timed(self.raw.exec(&raw_kept, &format!("x{i}"))).await?;
+            exec.raw.push(took);
+        }
+        self.delete_raw(&[raw_kept]).await?;
+        self.delete_ours(&kept).await?;
+
+        eprintln!(
+            "  {} concurrent creates, alternating ({} round{})",
+            plan.concurrency,
+            plan.rounds,
+            if plan.rounds == 1 { "" } else { "s" }
+        );
+        let concurrent = self.concurrent(&image).await?;
+
+        eprintln!("  {} environments recorded: memory and list", plan.loaded);
+        let loaded: Vec<String> = (0..plan.loaded).map(|_| self.fresh_id("l")).collect();
+        for chunk in loaded.chunks(HELPERS) {
+            let mut set = JoinSet::new();
+            for id in chunk {
+                let (bench, id) = (self.clone(), id.clone());
+                set.spawn(async move { bench.create_ours(&id).await.map(|_| ()) });
+            }
+            set.join_all()
+                .await
+                .into_iter()
+                .collect::<Result<Vec<()>>>()?;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (loaded_kib, peak_kib) = daemon.memory_kib()?;
+        let mut list = Samples::default();
+        for i in 0..=plan.list_samples {
+            let (took, answer) = timed(async {
+                Ok(self
+                    .client
+                    .send(Method::GET, "/v1/environments", None)
+                    .await?)
+            })
+            .await?;
+            let listed: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+            let count = listed["environments"].as_array().map_or(0, Vec::len);
+            if answer.status != StatusCode::OK || count != plan.loaded {
+                bail!(
+                    "a list of {} environments answered {} with {count}",
+                    plan.loaded,
+                    answer.status
+                );
+            }
+            // The first is a warm-up.
+            if i > 0 {
+                list.push(took);
+            }
+        }
+        self.delete_ours_all(loaded).await?;
+
+        Ok(Report {
+            raw_create: self.raw.create_command(&image, "ID"),
+            image,
+            create,
+            repeat,
+            exec,
+            concurrent,
+            memory: Memory {
+                idle_kib,
+                loaded_kib,
+                peak_kib,
+            },
+            list,
+        })
+    }
+
+    async fn concurrent(self: &Arc<Self>, image: &str) -> Result<Concurrent> {
+        let n = self.plan.concurrency;
+        let mut result = Concurrent {
+            ours: Samples::default(),
+            raw: Samples::default(),
+            ours_errors: 0,
+            raw_errors: 0,
+            ours_machines: Vec::new(),
+            raw_machines: Vec::new(),
+            failures: Vec::new(),
+        };
+        let note = |failures: &mut Vec<String>, e: anyhow::Error| {
+            if failures.len() < 5 {
+                failures.push(format!("{e:#}"));
+            }
+        };
+        for round in 0..self.plan.rounds {
+            // The daemon's side.
+            let group = format!("{}k{round}-", self.prefix);
+            let ids: Vec<String> = (0..n).map(|i| format!("{group}{i}")).collect();
+            let mut set = JoinSet::new();
+            let start = Instant::now();
+            for id in &ids {
+                let (bench, id) = (self.clone(), id.clone());
+                set.spawn(async move {
+                    let outcome = bench.create_ours(&id).await.map(|_| ());
+                    (id, outcome)
+                });
+            }
+            let outcomes = set.join_all().await;
+            result.ours.push(start.elapsed());
+            let mut made = Vec::new();
+            let mut failed = Vec::new();
+            for (id, outcome) in outcomes {
+                match outcome {
+                    Ok(()) => made.push(id),
+                    Err(e) => {
+                        result.ours_errors += 1;
+                        note(&mut result.failures, e);
+                        failed.push(id);
+                    }
+                }
+            }
+            result.ours_machines.push(self.raw.running(&group).await?);
+            if let Err(e) = self.delete_ours_all(made).await {
+                result.ours_errors += 1;
+                note(&mut result.failures, e);
+            }
+            // A failed create may have left a record or a machine, or nothing (then the
+            // delete's 404 is right): whatever is left goes directly.
+            for id in failed {
+                if self.delete_ours(&id).await.is_err() {
+                    self.raw.remove_quietly(std::slice::from_ref(&id)).await;
+                    Self::track(&self.ours_live, &id, false);
+                }
+            }
+
+            // The raw runtime's side.
+            let group = format!("{}rk{round}-", self.prefix);
+            let ids: Vec<String> = (0..n).map(|i| format!("{group}{i}")).collect();
+            let mut set = JoinSet::new();
+            let start = Instant::now();
+            for id in &ids {
+                let (bench, id, image) = (self.clone(), id.clone(), image.to_owned());
+                set.spawn(async move { bench.create_raw(&image, &id).await });
+            }
+            let outcomes = set.join_all().await;
+            result.raw.push(start.elapsed());
+            for e in outcomes.into_iter().filter_map(Result::err) {
+                result.raw_errors += 1;
+                note(&mut result.failures, e);
+            }
+            result.raw_machines.push(self.raw.running(&group).await?);
+            self.delete_raw(&ids).await?;
+        }
+        Ok(result)
+    }
+
+    /// Removes whatever the run left: through the daemon while it answers, then directly.
+    pub async fn sweep(self: &Arc<Self>) {
+        let ours: Vec<String> = self
+            .ours_live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        let _ = self.delete_ours_all(ours).await;
+        let mut left: Vec<String> = self
+            .ours_live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        left.extend(
+            self.raw_live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned(),
+        );
+        if !left.is_empty() {
+            eprintln!("  sweeping {} leftover machines", left.len());
+            self.raw.remove_quietly(&left).await;
+        }
+    }
+}

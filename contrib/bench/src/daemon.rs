@@ -1,0 +1,171 @@
+//! A `naryad` of the benchmark's own: a temporary configuration, state directory and socket.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hyper::{Method, StatusCode};
+use narya::client::{Client, Endpoint};
+use tokio::process::{Child, Command};
+
+use crate::raw::{Backend, NAMESPACE};
+
+/// What the daemon's configuration needs besides the back end.
+pub struct Setup<'a> {
+    pub naryad: &'a Path,
+    pub jwks: &'a Path,
+    pub containerd_socket: &'a str,
+    pub docker_socket: &'a str,
+    pub layout: &'a str,
+    /// Where the daemon's stderr goes; `None`: into its temporary directory.
+    pub log: Option<PathBuf>,
+}
+
+pub struct Daemon {
+    child: Child,
+    pub pid: u32,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// TOML's basic string: JSON's escaping is a subset of it.
+fn quote(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
+}
+
+impl Daemon {
+    pub async fn start(setup: &Setup<'_>, backend: Backend, token: &str) -> Result<Daemon> {
+        let dir = tempfile::Builder::new()
+            .prefix("narya-bench-")
+            .tempdir()
+            .context("cannot make the daemon's temporary directory")?;
+        let state = dir.path().join("state");
+        let socket = dir.path().join("narya.sock");
+        let config = format!(
+            "state_dir = {state}\n\n\
+             [listen]\nsocket = {socket}\n\n\
+             [identity]\nissuer = \"narya-bench\"\naudience = \"narya\"\njwks_uri = {jwks}\n\
+             algorithms = [\"ES256\"]\n\n\
+             [runtime]\nbackend = {backend}\ncontainerd_socket = {containerd}\n\
+             containerd_namespace = {namespace}\ndocker_socket = {docker}\n\n\
+             [image]\nreference = {image}\n",
+            state = quote(&state.display().to_string()),
+            socket = quote(&socket.display().to_string()),
+            jwks = quote(&format!("file://{}", setup.jwks.display())),
+            backend = quote(backend.name()),
+            containerd = quote(setup.containerd_socket),
+            namespace = quote(NAMESPACE),
+            docker = quote(setup.docker_socket),
+            image = quote(&format!("oci-layout:{}", setup.layout)),
+        );
+        let config_path = dir.path().join("naryad.toml");
+        std::fs::write(&config_path, config).context("cannot write the daemon's configuration")?;
+        let log = setup
+            .log
+            .clone()
+            .unwrap_or_else(|| dir.path().join("naryad.log"));
+        let log_file = std::fs::File::create(&log)
+            .with_context(|| format!("cannot create the daemon's log {}", log.display()))?;
+        let child = Command::new(setup.naryad)
+            .arg("--config")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", setup.naryad.display()))?;
+        let pid = child.id().context("naryad exited at once")?;
+        let mut daemon = Daemon {
+            child,
+            pid,
+            socket,
+            log,
+            _dir: dir,
+        };
+        daemon.wait_ready(token).await?;
+        Ok(daemon)
+    }
+
+    pub fn client(&self, token: &str) -> Client {
+        Client::new(Endpoint::Unix(self.socket.clone()), Some(token.to_owned()))
+    }
+
+    /// The last lines of the daemon's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    async fn wait_ready(&mut self, token: &str) -> Result<()> {
+        let client = self.client(token);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "naryad exited ({status}) before answering; its log:\n{}",
+                    self.log_tail()
+                );
+            }
+            if let Ok(answer) = client.send(Method::GET, "/v1/environments", None).await {
+                if answer.status == StatusCode::OK {
+                    return Ok(());
+                }
+                bail!(
+                    "naryad answered {} to a list: {}",
+                    answer.status,
+                    String::from_utf8_lossy(&answer.body)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "naryad did not answer on {} within 60 s; its log:\n{}",
+                    self.socket.display(),
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Resident and peak resident memory in KiB (VmRSS, VmHWM).
+    pub fn memory_kib(&self) -> Result<(u64, u64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .context("cannot read the daemon's /proc status")?;
+        let field = |name: &str| -> Result<u64> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .with_context(|| format!("no {name} in /proc/{}/status", self.pid))
+        };
+        Ok((field("VmRSS:")?, field("VmHWM:")?))
+    }
+
+    /// SIGTERM, then SIGKILL after 30 s.
+    pub async fn stop(mut self) -> Result<()> {
+        if self.child.try_wait()?.is_none() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.pid.to_string()])
+                .status()
+                .await;
+            match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+                Ok(status) => {
+                    let status = status?;
+                    if !status.success() {
+                        bail!("naryad exited with {status} on SIGTERM");
+                    }
+                }
+                Err(_) => {
+                    self.child.kill().await?;
+                    bail!("naryad did not stop within 30 s of SIGTERM");
+                }
+            }
+        }
+        Ok(())
+    }
+}

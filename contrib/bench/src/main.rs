@@ -1,0 +1,332 @@
+//! `narya-bench`: measures `naryad` side by side with the raw runtime it drives (containerd and
+//! Docker), alternating the two sides within one run, and writes `BENCHMARKS.md`.
+//!
+//! Needs root, the test services and the official image, as the end-to-end tests do:
+//!
+//! ```sh
+//! eval "$(contrib/dev/services.sh env)"
+//! export NARYA_TEST_IMAGE_LAYOUT=/var/tmp/narya-image/official
+//! cargo build --release --workspace --bin naryad --bin narya-bench
+//! $CARGO_TARGET_DIR/release/narya-bench            # full run, writes ./BENCHMARKS.md
+//! $CARGO_TARGET_DIR/release/narya-bench --short    # a few samples: proves it works
+//! ```
+//!
+//! Exits 0 when every measurement ran, whether the targets hold or not; non-zero when anything
+//! failed (a create, a raw command, the daemon).
+
+mod bench;
+mod daemon;
+mod raw;
+mod report;
+mod stats;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use narya::devkeys::DevKey;
+use serde_json::json;
+
+use crate::bench::{Bench, Plan};
+use crate::daemon::{Daemon, Setup};
+use crate::raw::{Backend, Raw};
+use crate::report::Outcome;
+
+#[derive(Parser)]
+#[command(
+    name = "narya-bench",
+    about = "Benchmarks naryad against the raw container runtime"
+)]
+struct Args {
+    /// The naryad to start; default: the one next to this executable.
+    #[arg(long, value_name = "PATH")]
+    naryad: Option<PathBuf>,
+    /// Samples a side for each comparison (default 20; 3 with --short).
+    #[arg(long, value_name = "N")]
+    samples: Option<usize>,
+    /// Few samples, 20 environments instead of 200, one concurrent round: proves it works.
+    #[arg(long)]
+    short: bool,
+    /// Where the report goes.
+    #[arg(long, value_name = "PATH", default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+    /// Only this back end (repeatable); default: containerd and docker.
+    #[arg(long = "backend", value_enum, value_name = "BACKEND")]
+    backends: Vec<Backend>,
+    /// Keep each daemon's stderr as DIR/naryad-BACKEND.log (RUST_LOG filters it).
+    #[arg(long, value_name = "DIR")]
+    log_dir: Option<PathBuf>,
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("narya-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn env(name: &str) -> Result<String> {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => Ok(v),
+        _ => bail!(
+            "{name} is not set: run `eval \"$(contrib/dev/services.sh env)\"` and export \
+             NARYA_TEST_IMAGE_LAYOUT=/var/tmp/narya-image/official (as contrib/test.sh does)"
+        ),
+    }
+}
+
+fn plan(args: &Args) -> Plan {
+    let samples = args
+        .samples
+        .unwrap_or(if args.short { 3 } else { 20 })
+        .max(1);
+    if args.short {
+        Plan {
+            short: true,
+            samples,
+            repeat_samples: 20,
+            concurrency: 64,
+            rounds: 1,
+            loaded: 20,
+            list_samples: samples,
+        }
+    } else {
+        Plan {
+            short: false,
+            samples,
+            repeat_samples: (samples * 10).max(200),
+            concurrency: 64,
+            rounds: 3,
+            loaded: report::TARGET_LOAD,
+            list_samples: samples.max(50),
+        }
+    }
+}
+
+/// A fresh P-256 key, its key set on disk, and a token for organisation `bench`.
+fn identity(dir: &Path) -> Result<(PathBuf, String)> {
+    let pem_path = dir.join("key.pem");
+    let status = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+        ])
+        .arg(&pem_path)
+        .status()
+        .context("cannot run openssl")?;
+    if !status.success() {
+        bail!("openssl genpkey failed ({status})");
+    }
+    let key = DevKey::from_pem(&std::fs::read(&pem_path)?)?;
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, key.jwks().to_string())?;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let token = key.sign(&json!({
+        "iss": "narya-bench", "aud": "narya", "sub": "bench", "org": "bench",
+        "iat": now, "nbf": now, "exp": now + 24 * 3600,
+    }))?;
+    Ok((jwks, token))
+}
+
+fn first_line_with(path: &str, prefix: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok().and_then(|text| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+    })
+}
+
+fn command_output(program: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or("unknown".to_owned(), |l| {
+        l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    })
+}
+
+fn context(naryad: &Path) -> report::Context {
+    let memory = first_line_with("/proc/meminfo", "MemTotal:")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or("unknown".to_owned(), |kib| {
+            format!("{:.1} GiB", kib / 1024.0 / 1024.0)
+        });
+    let commit = match command_output("git", &["rev-parse", "--short", "HEAD"]) {
+        Some(c) => {
+            let dirty = command_output("git", &["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{c} with uncommitted changes")
+            } else {
+                c
+            }
+        }
+        None => "unknown".to_owned(),
+    };
+    let profile = naryad
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .map_or("unknown".to_owned(), |n| match n {
+            "release" => "release".to_owned(),
+            "debug" => "debug (unoptimised)".to_owned(),
+            other => format!("unknown (built in {other}/)"),
+        });
+    report::Context {
+        date: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        memory,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or("unknown".to_owned(), |k| k.trim().to_owned()),
+        cpu: first_line_with("/proc/cpuinfo", "model name").unwrap_or_else(|| "unknown".into()),
+        commit,
+        naryad: naryad.display().to_string(),
+        naryad_profile: profile,
+        bench_profile: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        load_start: load_average(),
+        load_end: String::new(),
+    }
+}
+
+async fn run(args: Args) -> Result<bool> {
+    let plan = plan(&args);
+    let mut backends = if args.backends.is_empty() {
+        vec![Backend::Containerd, Backend::Docker]
+    } else {
+        args.backends.clone()
+    };
+    backends.sort();
+    backends.dedup();
+    let layout = env("NARYA_TEST_IMAGE_LAYOUT")?;
+    let mut sockets = Vec::new();
+    for backend in &backends {
+        sockets.push(env(backend.socket_variable())?);
+    }
+    let containerd_socket = std::env::var("NARYA_TEST_CONTAINERD_SOCKET")
+        .unwrap_or_else(|_| "/run/containerd/containerd.sock".to_owned());
+    let docker_socket = std::env::var("NARYA_TEST_DOCKER_SOCKET")
+        .unwrap_or_else(|_| "/var/run/docker.sock".to_owned());
+    let naryad = match &args.naryad {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("this executable has no directory")?
+            .join("naryad"),
+    };
+    if !naryad.is_file() {
+        bail!(
+            "{} does not exist: build it (cargo build [--release] --bin naryad) or pass --naryad",
+            naryad.display()
+        );
+    }
+    let naryad = std::fs::canonicalize(&naryad)?;
+    if let Some(dir) = &args.log_dir {
+        std::fs::create_dir_all(dir)?;
+    }
+    let keys = tempfile::Builder::new()
+        .prefix("narya-bench-keys-")
+        .tempdir()?;
+    let (jwks, token) = identity(keys.path())?;
+    let mut context = context(&naryad);
+    eprintln!(
+        "narya-bench: {} mode, naryad {} ({})",
+        if plan.short { "short" } else { "full" },
+        naryad.display(),
+        context.naryad_profile
+    );
+
+    let mut outcomes = Vec::new();
+    let mut interrupted = false;
+    for (backend, socket) in backends.into_iter().zip(sockets) {
+        eprintln!("== {}", backend.name());
+        let raw = Raw::new(backend, &socket, true);
+        let runtime_version = raw.version().await;
+        let setup = Setup {
+            naryad: &naryad,
+            jwks: &jwks,
+            containerd_socket: &containerd_socket,
+            docker_socket: &docker_socket,
+            layout: &layout,
+            log: args
+                .log_dir
+                .as_ref()
+                .map(|d| d.join(format!("naryad-{}.log", backend.name()))),
+        };
+        let result = match Daemon::start(&setup, backend, &token).await {
+            Err(e) => Err(format!("{e:#}")),
+            Ok(daemon) => {
+                let prefix = format!("nb{}{}-", std::process::id(), &backend.name()[..1]);
+                let bench = Bench::new(plan.clone(), daemon.client(&token), raw, prefix);
+                // Ctrl-C stops the measuring, yet what was made still goes.
+                let measured = tokio::select! {
+                    measured = bench.run(&daemon) => measured,
+                    _ = tokio::signal::ctrl_c() => {
+                        interrupted = true;
+                        Err(anyhow::anyhow!("interrupted"))
+                    }
+                };
+                bench.sweep().await;
+                let measured = measured.map_err(|e| {
+                    format!("{e:#}\nthe daemon's last log lines:\n{}", daemon.log_tail())
+                });
+                let stopped = daemon.stop().await;
+                match (measured, stopped) {
+                    (Ok(report), Ok(())) => Ok(report),
+                    (Err(e), _) => Err(e),
+                    (Ok(_), Err(e)) => Err(format!("{e:#}")),
+                }
+            }
+        };
+        if let Err(e) = &result {
+            eprintln!("narya-bench: {}: {e}", backend.name());
+        }
+        outcomes.push(Outcome {
+            backend,
+            runtime_version,
+            result,
+        });
+        if interrupted {
+            break;
+        }
+    }
+
+    context.load_end = load_average();
+    println!("{}", report::table(&plan, &outcomes));
+    let (summary, held, total) = report::summary(&plan, &outcomes);
+    println!("Targets holding on every back end: {held} of {total}\n{summary}");
+    std::fs::write(&args.out, report::document(&context, &plan, &outcomes))
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    eprintln!("narya-bench: wrote {}", args.out.display());
+
+    let errors = outcomes.iter().any(|o| match &o.result {
+        Ok(r) => r.concurrent.ours_errors > 0 || r.concurrent.raw_errors > 0,
+        Err(_) => true,
+    });
+    if errors {
+        eprintln!("narya-bench: something failed (see above); exiting non-zero");
+    }
+    Ok(!errors)
+}

@@ -1,0 +1,232 @@
+//! The raw runtime, driven through its own command-line client (`ctr`, `docker`): the floor the
+//! daemon is measured against.
+
+use std::process::Stdio;
+
+use anyhow::{bail, Context, Result};
+use tokio::process::Command;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Backend {
+    Containerd,
+    Docker,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Containerd => "containerd",
+            Backend::Docker => "docker",
+        }
+    }
+
+    /// The variable naming this back end's socket.
+    pub fn socket_variable(self) -> &'static str {
+        match self {
+            Backend::Containerd => "NARYA_TEST_CONTAINERD_SOCKET",
+            Backend::Docker => "NARYA_TEST_DOCKER_SOCKET",
+        }
+    }
+}
+
+/// The containerd namespace the benchmark's daemon and raw runs share.
+pub const NAMESPACE: &str = "narya-bench";
+
+pub struct Raw {
+    pub backend: Backend,
+    program: &'static str,
+    base: Vec<String>,
+    /// The daemon runs machines on the host's network (`environment.network = "host"`, its
+    /// default); the raw side does the same.
+    host_network: bool,
+}
+
+impl Raw {
+    pub fn new(backend: Backend, socket: &str, host_network: bool) -> Raw {
+        let (program, base) = match backend {
+            Backend::Containerd => (
+                "ctr",
+                vec![
+                    "--address".to_owned(),
+                    socket.to_owned(),
+                    "--namespace".to_owned(),
+                    NAMESPACE.to_owned(),
+                ],
+            ),
+            Backend::Docker => ("docker", vec!["-H".to_owned(), format!("unix://{socket}")]),
+        };
+        Raw {
+            backend,
+            program,
+            base,
+            host_network,
+        }
+    }
+
+    /// Runs the client with `args`; its stdout, or an error naming the command and its stderr.
+    async fn run(&self, args: &[&str]) -> Result<String> {
+        let output = Command::new(self.program)
+            .args(&self.base)
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .with_context(|| format!("cannot run {}", self.program))?;
+        if !output.status.success() {
+            bail!(
+                "`{} {}` failed ({}): {}",
+                self.program,
+                args.join(" "),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// The command line a create runs, for the report.
+    pub fn create_command(&self, image: &str, id: &str) -> String {
+        let args = self.create_args(image, id);
+        format!(
+            "{} {} {}",
+            self.program,
+            self.base.join(" "),
+            args.join(" ")
+        )
+    }
+
+    fn create_args<'a>(&self, image: &'a str, id: &'a str) -> Vec<&'a str> {
+        let mut args = match self.backend {
+            Backend::Containerd => vec!["run", "-d", "--null-io"],
+            Backend::Docker => vec!["run", "-d", "--name", id],
+        };
+        if self.host_network {
+            args.extend(match self.backend {
+                Backend::Containerd => ["--net-host"].as_slice(),
+                Backend::Docker => ["--network", "host"].as_slice(),
+            });
+        }
+        args.push(image);
+        if self.backend == Backend::Containerd {
+            args.push(id);
+        }
+        args.extend(["/usr/bin/tini", "-s", "--", "/bin/sleep", "infinity"]);
+        args
+    }
+
+    /// Starts a machine `id` of `image` whose main process keeps running.
+    pub async fn create(&self, image: &str, id: &str) -> Result<()> {
+        self.run(&self.create_args(image, id)).await.map(|_| ())
+    }
+
+    /// Removes the machines `ids`, running or not.
+    pub async fn remove(&self, ids: &[String]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        match self.backend {
+            Backend::Containerd => {
+                // `task rm -f` kills the task with SIGKILL and deletes it; then the container
+                // and its snapshot go.
+                let mut task = vec!["task", "rm", "-f"];
+                task.extend(&ids);
+                let tasks = self.run(&task).await;
+                let mut container = vec!["container", "rm"];
+                container.extend(&ids);
+                let containers = self.run(&container).await;
+                tasks.and(containers).map(|_| ())
+            }
+            Backend::Docker => {
+                let mut args = vec!["rm", "-f"];
+                args.extend(&ids);
+                self.run(&args).await.map(|_| ())
+            }
+        }
+    }
+
+    /// Removes each of `ids` on its own, ignoring failures: the last sweep.
+    pub async fn remove_quietly(&self, ids: &[String]) {
+        for id in ids {
+            let _ = self.remove(std::slice::from_ref(id)).await;
+        }
+    }
+
+    /// Runs `true` in machine `id`.
+    pub async fn exec(&self, id: &str, exec_id: &str) -> Result<()> {
+        let args = match self.backend {
+            Backend::Containerd => vec!["task", "exec", "--exec-id", exec_id, id, "true"],
+            Backend::Docker => vec!["exec", id, "true"],
+        };
+        self.run(&args).await.map(|_| ())
+    }
+
+    /// How many machines whose name starts with `prefix` are running.
+    pub async fn running(&self, prefix: &str) -> Result<usize> {
+        match self.backend {
+            Backend::Containerd => {
+                let out = self.run(&["task", "ls"]).await?;
+                Ok(out
+                    .lines()
+                    .skip(1)
+                    .filter(|line| {
+                        let columns: Vec<&str> = line.split_whitespace().collect();
+                        columns.first().is_some_and(|id| id.starts_with(prefix))
+                            && columns.get(2) == Some(&"RUNNING")
+                    })
+                    .count())
+            }
+            Backend::Docker => {
+                let out = self.run(&["ps", "--format", "{{.Names}}"]).await?;
+                Ok(out.lines().filter(|n| n.starts_with(prefix)).count())
+            }
+        }
+    }
+
+    /// The local name of the image the daemon pinned to `digest` (`sha256:…`).
+    pub async fn image_for(&self, digest: &str) -> Result<String> {
+        let (listing, wanted) = match self.backend {
+            Backend::Containerd => (
+                self.run(&["images", "ls", "-q"]).await?,
+                format!("narya.local/official@{digest}"),
+            ),
+            Backend::Docker => (
+                self.run(&["images", "--format", "{{.Repository}}:{{.Tag}}"])
+                    .await?,
+                format!(
+                    "narya.local/official:{}",
+                    digest.strip_prefix("sha256:").unwrap_or(digest)
+                ),
+            ),
+        };
+        if listing.lines().any(|l| l.trim() == wanted) {
+            Ok(wanted)
+        } else {
+            bail!(
+                "the daemon pinned {digest}, but {} holds no image {wanted}",
+                self.backend.name()
+            )
+        }
+    }
+
+    /// The runtime's server version, for the report.
+    pub async fn version(&self) -> String {
+        let answer = match self.backend {
+            Backend::Containerd => self.run(&["version"]).await.map(|out| {
+                // The second "Version:" is the server's.
+                out.lines()
+                    .filter_map(|l| l.trim().strip_prefix("Version:"))
+                    .nth(1)
+                    .unwrap_or("?")
+                    .trim()
+                    .to_owned()
+            }),
+            Backend::Docker => self
+                .run(&["version", "--format", "{{.Server.Version}}"])
+                .await
+                .map(|out| out.trim().to_owned()),
+        };
+        answer.unwrap_or_else(|e| format!("unknown ({e})"))
+    }
+}

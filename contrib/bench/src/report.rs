@@ -1,0 +1,424 @@
+//! The table on stdout and `BENCHMARKS.md`.
+
+use std::fmt::Write;
+
+use crate::bench::{Plan, Report};
+use crate::raw::Backend;
+use crate::stats::{ms, spread};
+
+/// What ran where.
+pub struct Context {
+    pub date: String,
+    pub nproc: usize,
+    pub memory: String,
+    pub kernel: String,
+    pub cpu: String,
+    pub commit: String,
+    pub naryad: String,
+    pub naryad_profile: String,
+    pub bench_profile: &'static str,
+    /// `/proc/loadavg`'s 1, 5 and 15 minute figures when the run began and ended: other work on
+    /// the machine shows here.
+    pub load_start: String,
+    pub load_end: String,
+}
+
+pub struct Outcome {
+    pub backend: Backend,
+    pub runtime_version: String,
+    pub result: Result<Report, String>,
+}
+
+pub const CREATE_RATIO: f64 = 1.10;
+pub const REPEAT_MS: f64 = 2.0;
+pub const CONCURRENT_RATIO: f64 = 1.2;
+pub const EXEC_RATIO: f64 = 1.2;
+pub const IDLE_MIB: f64 = 40.0;
+pub const LOADED_MIB: f64 = 80.0;
+pub const LIST_MS: f64 = 10.0;
+/// The environment count the memory and list targets speak of.
+pub const TARGET_LOAD: usize = 200;
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn yes(holds: bool) -> &'static str {
+    if holds {
+        "yes"
+    } else {
+        "**no**"
+    }
+}
+
+/// How far `value` is over `limit`, when it is.
+fn over(value: f64, limit: f64) -> String {
+    if value <= limit {
+        String::new()
+    } else {
+        format!(", {:.0}% over", (value / limit - 1.0) * 100.0)
+    }
+}
+
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', " ")
+}
+
+/// One target's verdict on one back end.
+struct Verdict {
+    target: &'static str,
+    backend: Backend,
+    holds: bool,
+    detail: String,
+}
+
+fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
+    let mut all = Vec::new();
+    for outcome in outcomes {
+        let backend = outcome.backend;
+        let Ok(r) = &outcome.result else {
+            for target in TARGETS {
+                all.push(Verdict {
+                    target,
+                    backend,
+                    holds: false,
+                    detail: "not measured: the run failed".to_owned(),
+                });
+            }
+            continue;
+        };
+        let mut add = |target: &'static str, holds: bool, detail: String| {
+            all.push(Verdict {
+                target,
+                backend,
+                holds,
+                detail,
+            })
+        };
+        let ratio = r.create.ratio();
+        add(
+            TARGETS[0],
+            ratio <= CREATE_RATIO,
+            format!("{ratio:.2}×{}", over(ratio, CREATE_RATIO)),
+        );
+        let median = r.repeat.median();
+        add(
+            TARGETS[1],
+            median <= REPEAT_MS,
+            format!("{}{}", ms(median), over(median, REPEAT_MS)),
+        );
+        let c = &r.concurrent;
+        let ratio = c.ratio();
+        let machines_ok = c.ours_machines.iter().all(|m| *m == plan.concurrency);
+        add(
+            TARGETS[2],
+            ratio <= CONCURRENT_RATIO && c.ours_errors == 0 && machines_ok,
+            format!(
+                "{ratio:.2}×{}, {} errors, machines {:?}",
+                over(ratio, CONCURRENT_RATIO),
+                c.ours_errors,
+                c.ours_machines
+            ),
+        );
+        let ratio = r.exec.ratio();
+        add(
+            TARGETS[3],
+            ratio <= EXEC_RATIO,
+            format!("{ratio:.2}×{}", over(ratio, EXEC_RATIO)),
+        );
+        let idle = mib(r.memory.idle_kib);
+        add(
+            TARGETS[4],
+            idle <= IDLE_MIB,
+            format!("{idle:.1} MiB{}", over(idle, IDLE_MIB)),
+        );
+        let loaded = mib(r.memory.loaded_kib);
+        let partial = if plan.loaded < TARGET_LOAD {
+            format!(" with only {} environments (short mode)", plan.loaded)
+        } else {
+            String::new()
+        };
+        add(
+            TARGETS[5],
+            loaded <= LOADED_MIB,
+            format!("{loaded:.1} MiB{}{partial}", over(loaded, LOADED_MIB)),
+        );
+        let median = r.list.median();
+        let partial = if plan.loaded < TARGET_LOAD {
+            format!(" for {} environments (short mode)", plan.loaded)
+        } else {
+            String::new()
+        };
+        add(
+            TARGETS[6],
+            median <= LIST_MS,
+            format!("{}{}{partial}", ms(median), over(median, LIST_MS)),
+        );
+    }
+    all
+}
+
+const TARGETS: [&str; 7] = [
+    "create ≤ 1.10× raw",
+    "repeat median ≤ 2 ms",
+    "concurrent ≤ 1.2× raw, 0 errors, 64 machines",
+    "exec ≤ 1.2× raw",
+    "RSS idle ≤ 40 MB",
+    "RSS with 200 environments ≤ 80 MB",
+    "list of 200 ≤ 10 ms",
+];
+
+/// The results table (Markdown, readable as plain text too).
+pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
+    let verdicts = verdicts(plan, outcomes);
+    let verdict = |backend: Backend, i: usize| -> &'static str {
+        verdicts
+            .iter()
+            .find(|v| v.backend == backend && v.target == TARGETS[i])
+            .map_or("?", |v| yes(v.holds))
+    };
+    let mut t = String::new();
+    t.push_str("| back end | measure | narya: median (min–max) | raw runtime: median (min–max) | ratio | target | holds |\n");
+    t.push_str("| --- | --- | --- | --- | --- | --- | --- |\n");
+    for outcome in outcomes {
+        let b = outcome.backend;
+        let name = b.name();
+        let r = match &outcome.result {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = writeln!(
+                    t,
+                    "| {name} | **the run failed** | {} | | | | **no** |",
+                    cell(e)
+                );
+                continue;
+            }
+        };
+        let _ = writeln!(
+            t,
+            "| {name} | create, no setup, image local ({} a side) | {} | {} | {:.2}× | ≤ {CREATE_RATIO:.2}× | {} |",
+            r.create.ours.len(),
+            spread(&r.create.ours),
+            spread(&r.create.raw),
+            r.create.ratio(),
+            verdict(b, 0)
+        );
+        let _ = writeln!(
+            t,
+            "| {name} | idempotent repeat ({}) | {}; p99 {} | — | — | median ≤ {REPEAT_MS} ms | {} |",
+            r.repeat.len(),
+            spread(&r.repeat),
+            ms(r.repeat.percentile(99.0)),
+            verdict(b, 1)
+        );
+        let c = &r.concurrent;
+        let _ = writeln!(
+            t,
+            "| {name} | {} concurrent creates, wall ({} round{}) | {}; errors {}; machines {:?} | {}; errors {}; machines {:?} | {:.2}× | ≤ {CONCURRENT_RATIO}×, 0 errors | {} |",
+            plan.concurrency,
+            c.ours.len(),
+            if c.ours.len() == 1 { "" } else { "s" },
+            spread(&c.ours),
+            c.ours_errors,
+            c.ours_machines,
+            spread(&c.raw),
+            c.raw_errors,
+            c.raw_machines,
+            c.ratio(),
+            verdict(b, 2)
+        );
+        let _ = writeln!(
+            t,
+            "| {name} | exec `true` round trip ({} a side) | {} | {} | {:.2}× | ≤ {EXEC_RATIO}× | {} |",
+            r.exec.ours.len(),
+            spread(&r.exec.ours),
+            spread(&r.exec.raw),
+            r.exec.ratio(),
+            verdict(b, 3)
+        );
+        let _ = writeln!(
+            t,
+            "| {name} | daemon RSS, idle after warm-up | {:.1} MiB | — | — | ≤ {IDLE_MIB} MB | {} |",
+            mib(r.memory.idle_kib),
+            verdict(b, 4)
+        );
+        let _ = writeln!(
+            t,
+            "| {name} | daemon RSS, {} environments recorded | {:.1} MiB (peak of the run {:.1} MiB) | — | — | ≤ {LOADED_MIB} MB at {TARGET_LOAD} | {} |",
+            plan.loaded,
+            mib(r.memory.loaded_kib),
+            mib(r.memory.peak_kib),
+            verdict(b, 5)
+        );
+        let _ = writeln!(
+            t,
+            "| {name} | list of {} environments ({}) | {} | — | — | ≤ {LIST_MS} ms at {TARGET_LOAD} | {} |",
+            plan.loaded,
+            r.list.len(),
+            spread(&r.list),
+            verdict(b, 6)
+        );
+    }
+    t
+}
+
+/// Which targets hold, one line each over both back ends.
+pub fn summary(plan: &Plan, outcomes: &[Outcome]) -> (String, usize, usize) {
+    let verdicts = verdicts(plan, outcomes);
+    let mut s = String::new();
+    let (mut held, mut total) = (0, 0);
+    for target in TARGETS {
+        let these: Vec<&Verdict> = verdicts.iter().filter(|v| v.target == target).collect();
+        if these.is_empty() {
+            continue;
+        }
+        let holds = these.iter().all(|v| v.holds);
+        total += 1;
+        held += usize::from(holds);
+        let details: Vec<String> = these
+            .iter()
+            .map(|v| {
+                format!(
+                    "{} {}: {}",
+                    v.backend.name(),
+                    if v.holds { "holds" } else { "fails" },
+                    v.detail
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "- {} **{target}** — {}",
+            if holds { "HOLDS" } else { "FAILS" },
+            details.join("; ")
+        );
+    }
+    (s, held, total)
+}
+
+pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String {
+    let (summary, held, total) = summary(plan, outcomes);
+    let mut d = String::new();
+    d.push_str("# Benchmarks\n\n");
+    let _ = writeln!(
+        d,
+        "Generated by `narya-bench` (`contrib/bench/`) on {}, in {} mode. Do not edit by hand: \
+         run `cargo build --release --workspace --bin naryad --bin narya-bench` and then \
+         `$CARGO_TARGET_DIR/release/narya-bench` as root with the test services up \
+         (see `contrib/bench/src/main.rs`).\n",
+        context.date,
+        if plan.short {
+            "**short** (it proves the benchmark works; the figures mean little)"
+        } else {
+            "full"
+        }
+    );
+    d.push_str("## Machine and build\n\n");
+    let _ = writeln!(d, "- CPU: {} ({} CPUs online)", context.cpu, context.nproc);
+    let _ = writeln!(d, "- memory: {}", context.memory);
+    let _ = writeln!(d, "- kernel: {}", context.kernel);
+    let _ = writeln!(
+        d,
+        "- load average (1, 5, 15 min): {} at the start, {} at the end",
+        context.load_start, context.load_end
+    );
+    for outcome in outcomes {
+        let _ = writeln!(
+            d,
+            "- {}: {}",
+            outcome.backend.name(),
+            outcome.runtime_version
+        );
+    }
+    let _ = writeln!(d, "- source: {}", context.commit);
+    let _ = writeln!(
+        d,
+        "- naryad: `{}`, **{}** profile; narya-bench: {} profile",
+        context.naryad, context.naryad_profile, context.bench_profile
+    );
+    let _ = writeln!(
+        d,
+        "- samples: {} a side for create and exec, {} repeats, {} round{} of {} concurrent creates, \
+         {} environments recorded for memory and list ({} list samples)\n",
+        plan.samples,
+        plan.repeat_samples,
+        plan.rounds,
+        if plan.rounds == 1 { "" } else { "s" },
+        plan.concurrency,
+        plan.loaded,
+        plan.list_samples
+    );
+    d.push_str("## Results\n\n");
+    d.push_str(&table(plan, outcomes));
+    let _ = writeln!(
+        d,
+        "\n## Targets: {held} of {total} hold on every back end\n"
+    );
+    d.push_str(&summary);
+    d.push_str("\n## Method\n\n");
+    d.push_str(
+        "- One `naryad` per back end, started by the benchmark with a temporary configuration: a \
+         development identity (a fresh P-256 key, its key set as a `file://` JWKS; every request \
+         carries a token the daemon verifies), state and socket in a temporary directory, \
+         containerd namespace `narya-bench`, the official image from its OCI layout, every other \
+         key at its default (so machines use the host's network). Requests go over the unix \
+         socket, one fresh connection each, from the benchmark process.\n\
+         - Warm-up before any timing: one create and delete through the daemon (which loads the \
+         image into the runtime) and one raw create and removal.\n\
+         - The raw side is the runtime's own command-line client, started afresh for every \
+         operation as a person or a script would run it, so it includes that client's start \
+         (a Go program) and its connection to the runtime; the daemon's side includes the HTTP \
+         exchange, the token's verification, the record in SQLite and the workspace. A ratio \
+         below 1 means the daemon's long-lived connection to the runtime costs less than a \
+         client start.\n\
+         - Every comparison alternates the two sides within one run (narya, raw, narya, raw, …) \
+         so drift cancels; the ratio is median(narya) / median(raw). Removal is never timed.\n\
+         - **create**: `POST /v1/environments {\"id\": fresh}` until `201` with a `ready` \
+         environment, vs the raw client starting the same image with tini and `sleep infinity` \
+         as its running process, on the host's network like the daemon's machines (commands \
+         below).\n\
+         - **idempotent repeat**: `POST` of an already recorded create (`200`), each with its \
+         token verified.\n\
+         - **concurrent**: all creates started at once; wall time until the last answers; \
+         machines = runtime tasks/containers of that round running afterwards.\n\
+         - **exec**: `POST /v1/environments/{id}/exec {\"argv\": [\"true\"]}` (`200`, exit code \
+         0) vs `ctr task exec --exec-id UNIQUE ID true` resp. `docker exec ID true` in a raw \
+         machine.\n\
+         - **memory**: VmRSS of the daemon from `/proc/PID/status` one second after warm-up \
+         (idle), and one second after the environments were created (peak = VmHWM over the whole run, the \
+         concurrent creates included); MB in \
+         the targets are MiB here.\n\
+         - **list**: `GET /v1/environments` answering all recorded environments, after one \
+         untimed list.\n\n",
+    );
+    d.push_str("Raw commands:\n\n");
+    for outcome in outcomes {
+        if let Ok(r) = &outcome.result {
+            let _ = writeln!(
+                d,
+                "- {}: `{}` (image `{}`)",
+                outcome.backend.name(),
+                r.raw_create,
+                r.image
+            );
+        }
+    }
+    let failures: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| match &o.result {
+            Ok(r) if !r.concurrent.failures.is_empty() => Some(format!(
+                "- {}: {}",
+                o.backend.name(),
+                r.concurrent.failures.join("; ")
+            )),
+            Err(e) => Some(format!("- {}: {}", o.backend.name(), e)),
+            _ => None,
+        })
+        .collect();
+    if !failures.is_empty() {
+        d.push_str("\n## Failures\n\n");
+        d.push_str(&failures.join("\n"));
+        d.push('\n');
+    }
+    d
+}
