@@ -23,10 +23,6 @@ const JWT_BACKDATE: u64 = 60;
 const JWT_LIFETIME: u64 = 8 * 60;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// GitHub's largest page of `GET /installation/repositories`.
-const PER_PAGE: usize = 100;
-/// Ten thousand repositories: more than an installation plausibly selects.
-const MAX_PAGES: usize = 100;
 
 /// Narya's GitHub App as this host is configured with it.
 pub struct GitHubApp {
@@ -83,17 +79,6 @@ struct AccountBody {
 struct TokenBody {
     token: String,
     expires_at: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RepositoriesPage {
-    total_count: u64,
-    repositories: Vec<RepositoryBody>,
-}
-
-#[derive(Deserialize)]
-struct RepositoryBody {
-    full_name: String,
 }
 
 /// How to authenticate one request.
@@ -304,63 +289,37 @@ impl GitHubApp {
         }
     }
 
-    /// Whether `installation` selected `repository`: its repositories listed (every page)
-    /// with a token that can read metadata only, revoked as soon as the list is read.
-    /// Errors: `InstallationNotFound`; `Unavailable`; `Refused`; `Unexpected`.
+    /// Whether `installation` selected `repository`: `GET /repos/{owner}/{name}/installation`
+    /// with the App's own JWT names the installation that reaches the repository (404 when
+    /// none does), so no installation token is minted to find out.
+    /// Errors: `Unavailable`; `Refused`; `Unexpected`.
     pub async fn selects(
         &self,
         installation: i64,
         repository: &Repository,
     ) -> Result<bool, GitHubError> {
-        let token = self
-            .mint_token(installation, None, json!({"metadata": "read"}))
+        const WHAT: &str = "looking up the repository's installation";
+        let (status, body) = self
+            .call(
+                WHAT,
+                Method::GET,
+                &format!(
+                    "/repos/{}/{}/installation",
+                    repository.owner(),
+                    repository.name()
+                ),
+                Credential::App,
+                None,
+            )
             .await?;
-        let found = self.find_selected(&token.token, repository).await;
-        if let Err(e) = self.revoke(&token.token).await {
-            tracing::warn!(error = %e, expires_at = ?token.expires_at, "could not revoke the token that listed the installation's repositories; it expires on its own");
+        match status {
+            StatusCode::OK => {
+                let found: InstallationBody = parse(WHAT, &body)?;
+                Ok(found.id == installation)
+            }
+            StatusCode::NOT_FOUND => Ok(false),
+            other => Err(refused(WHAT, other, &body)),
         }
-        found
-    }
-
-    async fn find_selected(
-        &self,
-        token: &Secret,
-        repository: &Repository,
-    ) -> Result<bool, GitHubError> {
-        const WHAT: &str = "listing the installation's repositories";
-        let mut seen = 0u64;
-        for page in 1..=MAX_PAGES {
-            let (status, body) = self
-                .call(
-                    WHAT,
-                    Method::GET,
-                    &format!("/installation/repositories?per_page={PER_PAGE}&page={page}"),
-                    Credential::Installation(token),
-                    None,
-                )
-                .await?;
-            if status != StatusCode::OK {
-                return Err(refused(WHAT, status, &body));
-            }
-            let listed: RepositoriesPage = parse(WHAT, &body)?;
-            // GitHub's names are case-insensitive.
-            if listed
-                .repositories
-                .iter()
-                .any(|r| r.full_name.eq_ignore_ascii_case(repository.as_str()))
-            {
-                return Ok(true);
-            }
-            seen += listed.repositories.len() as u64;
-            if listed.repositories.len() < PER_PAGE || seen >= listed.total_count {
-                return Ok(false);
-            }
-        }
-        tracing::warn!(
-            pages = MAX_PAGES,
-            "the installation selects more repositories than are listed; treating the rest as not selected"
-        );
-        Ok(false)
     }
 }
 

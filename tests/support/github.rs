@@ -120,6 +120,10 @@ impl GitHubDouble {
             .route("/app/installations/{id}", get(installation))
             .route("/app/installations/{id}/access_tokens", post(mint_token))
             .route("/installation/repositories", get(list_repositories))
+            .route(
+                "/repos/{owner}/{repo}/installation",
+                get(repository_installation),
+            )
             .route("/installation/token", delete(revoke_token))
             .route("/git/{*path}", any(git))
             .fallback(not_found)
@@ -382,6 +386,42 @@ async fn installation(
         "updated_at": "2024-01-01T00:00:00Z",
         "single_file_name": null,
         "suspended_at": null,
+    }))
+    .into_response()
+}
+
+/// `GET /repos/{owner}/{repo}/installation` (App JWT): the installation that reaches the
+/// repository, or 404 when none of the App's installations selected it.
+async fn repository_installation(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((owner, repo)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    shared
+        .api_requests
+        .lock()
+        .unwrap()
+        .push(format!("GET /repos/{owner}/{repo}/installation"));
+    if let Err((status, message)) = verify_app_jwt(&shared, &headers) {
+        return github_error(status, message);
+    }
+    let installations = shared.installations.lock().unwrap();
+    let found = installations.iter().find(|(_, i)| {
+        i.account.eq_ignore_ascii_case(&owner)
+            && i.selected.iter().any(|n| n.eq_ignore_ascii_case(&repo))
+    });
+    let Some((id, found)) = found else {
+        return github_error(StatusCode::NOT_FOUND, "Not Found");
+    };
+    Json(json!({
+        "id": id,
+        "account": {"login": found.account, "id": 1, "type": "Organization"},
+        "repository_selection": "selected",
+        "access_tokens_url": format!("{}/app/installations/{id}/access_tokens", shared.url),
+        "repositories_url": format!("{}/installation/repositories", shared.url),
+        "app_id": shared.app_id,
+        "target_type": "Organization",
+        "permissions": {"contents": "read", "metadata": "read"},
     }))
     .into_response()
 }
