@@ -47,7 +47,7 @@ pub async fn run(config: &Config) -> Result<(), ConformanceError> {
     );
     let reports = conformance::run(runtime.as_ref(), &fixture).await;
     let _ = remove_empty(&scratch);
-    if let Err(failed) = conformance::print_and_judge(&reports) {
+    if let Err(failed) = conformance::print_and_judge(&reports, &mut std::io::stdout()) {
         return Err(ConformanceError::Failed {
             failed: failed.lines().count(),
             total: reports.len(),

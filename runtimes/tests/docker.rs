@@ -123,7 +123,12 @@ async fn run_suite(reference: ImageReference, prefix: &str) {
     };
     std::fs::create_dir_all(&fixture.scratch).unwrap();
     let reports = conformance::run(&runtime, &fixture).await;
-    if let Err(failed) = conformance::print_and_judge(&reports) {
+    if let Err(failed) = conformance::print_and_judge(
+        &reports,
+        // Straight to the process's stderr, past the test harness's capture: CI's log names
+        // every case, passed or not.
+        &mut std::io::stderr(),
+    ) {
         panic!("conformance against Docker:\n{failed}");
     }
 }

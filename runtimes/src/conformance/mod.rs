@@ -85,11 +85,11 @@ pub fn cases() -> Vec<(&'static str, &'static str, CaseFn)> {
     cases::all()
 }
 
-/// Prints a line per case; the failed (and skipped) ones, one per line, when any case did not
-/// pass. A suite that skips is not a suite that passed.
-pub fn print_and_judge(reports: &[CaseReport]) -> Result<(), String> {
+/// Writes a line per case to `out`; the failed (and skipped) ones, one per line, when any case
+/// did not pass. A suite that skips is not a suite that passed.
+pub fn print_and_judge(reports: &[CaseReport], out: &mut dyn std::io::Write) -> Result<(), String> {
     for report in reports {
-        println!("{report}");
+        let _ = writeln!(out, "{report}");
     }
     let not_passed: Vec<String> = reports
         .iter()
