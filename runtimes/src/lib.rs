@@ -194,6 +194,11 @@ pub trait Runtime: Send + Sync {
     /// Every Narya-labelled machine in the runtime.
     async fn list(&self) -> Result<Vec<MachineInfo>>;
 
+    /// A stream that yields whenever the runtime reports a change to its machines (a process
+    /// exited, a container went), and ends when the runtime stops reporting. A nudge to look
+    /// again with `list`/`inspect`, never the truth itself. Errors: `Unavailable`.
+    async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>>;
+
     /// Starts a stopped machine again with its workspace. Idempotent on a running machine.
     /// Errors: `NotFound`; `Unavailable`.
     async fn start(&self, id: &str) -> Result<()>;

@@ -13,6 +13,8 @@ use crate::store::EnvironmentRecord;
 
 /// How often the runtime is compared with the store while it answers.
 const POLL: Duration = Duration::from_secs(2);
+/// How long to let a burst of runtime events arrive before looking.
+const CHANGE_SETTLE: Duration = Duration::from_millis(100);
 /// The longest wait between tries while it does not.
 const BACKOFF_MAX: Duration = Duration::from_secs(4);
 
@@ -43,19 +45,45 @@ impl Environments {
         Ok(())
     }
 
-    /// Compares store and runtime until the daemon stops.
+    /// Compares store and runtime until the daemon stops: at once when the runtime reports a
+    /// change to its machines, and every few seconds whatever it reports.
     pub async fn reconcile_forever(self: Arc<Self>) {
+        use futures_util::StreamExt;
         let mut wait = POLL;
         let mut orphans_reported = HashSet::new();
+        let mut changes = None;
         loop {
             wait = match self.reconcile_once(&mut orphans_reported).await {
                 Ok(()) => POLL,
                 Err(e) => {
                     tracing::warn!(error = %e, "reconciling failed; retrying");
+                    changes = None;
                     (wait * 2).min(BACKOFF_MAX)
                 }
             };
-            tokio::time::sleep(wait).await;
+            if changes.is_none() {
+                changes = self.runtime.changes().await.ok();
+            }
+            let nudged = match changes.as_mut() {
+                Some(stream) => tokio::select! {
+                    event = stream.next() => Some(event.is_some()),
+                    _ = tokio::time::sleep(wait) => None,
+                },
+                None => {
+                    tokio::time::sleep(wait).await;
+                    None
+                }
+            };
+            match nudged {
+                // A burst of events (exit, delete, …) is one change: let it finish arriving.
+                Some(true) => tokio::time::sleep(CHANGE_SETTLE).await,
+                // The runtime stopped reporting: wait as usual, then look and subscribe again.
+                Some(false) => {
+                    changes = None;
+                    tokio::time::sleep(wait).await;
+                }
+                None => {}
+            }
         }
     }
 

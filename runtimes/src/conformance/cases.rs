@@ -36,6 +36,7 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
             start_brings_a_stopped_machine_back_with_its_workspace
         ),
         case!("machine", list_returns_exactly_our_machines),
+        case!("machine", changes_report_a_machine_that_stopped),
         case!("machine", remove_is_idempotent),
         case!("process", exit_code_env_cwd_and_output_come_through),
         case!("process", output_limit_keeps_the_tail),
@@ -49,6 +50,11 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("errors", unreachable_runtime_is_unavailable),
     ]
 }
+
+/// Kills the machine's main process (`sleep infinity` under tini) from inside, as the OOM killer
+/// would: init then exits and the machine stops. This shell and init itself are skipped (the
+/// glob runs in lexical order, and this shell's own command line names what it looks for).
+const KILL_MAIN_PROCESS: &str = "for p in /proc/[0-9]*; do n=${p#/proc/}; [ \"$n\" = 1 ] || [ \"$n\" = $$ ] && continue; case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in '/bin/sleep infinity '|'sleep infinity ') kill -KILL $n;; esac; done";
 
 fn fail(message: impl Into<String>) -> Outcome {
     Outcome::Fail(message.into())
@@ -296,9 +302,7 @@ async fn inspect_follows_running_stopped_missing(c: &Context<'_>) -> Result<(), 
         || "not running after create".into(),
     )?;
     // The machine's main process dies (as on OOM or a kill from outside): its init exits.
-    let _ = c
-        .sh(&id, "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in *'sleep infinity'*) kill -KILL ${p#/proc/};; esac; done")
-        .await;
+    let _ = c.sh(&id, KILL_MAIN_PROCESS).await;
     c.wait_for_state(&id, MachineState::Stopped).await?;
     c.runtime.remove(&id).await?;
     check(
@@ -312,9 +316,7 @@ async fn start_brings_a_stopped_machine_back_with_its_workspace(
 ) -> Result<(), Outcome> {
     let (id, workspace) = c.machine(0).await?;
     std::fs::write(workspace.join("kept"), "still here\n")?;
-    let _ = c
-        .sh(&id, "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in *'sleep infinity'*) kill -KILL ${p#/proc/};; esac; done")
-        .await;
+    let _ = c.sh(&id, KILL_MAIN_PROCESS).await;
     c.wait_for_state(&id, MachineState::Stopped).await?;
     c.runtime.start(&id).await?;
     check(
@@ -358,6 +360,35 @@ async fn list_returns_exactly_our_machines(c: &Context<'_>) -> Result<(), Outcom
     check(ids == [b.clone()], || {
         format!("after removing {a}: {ids:?}")
     })
+}
+
+async fn changes_report_a_machine_that_stopped(c: &Context<'_>) -> Result<(), Outcome> {
+    use futures_util::StreamExt;
+    let (id, _) = c.machine(0).await?;
+    let mut changes = c.runtime.changes().await?;
+    let _ = c.sh(&id, KILL_MAIN_PROCESS).await;
+    // Execs report too; the stop is among the changes that arrive within a few seconds, and
+    // the runtime may answer a moment later than it reports.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, changes.next()).await {
+            Ok(Some(())) => {
+                for _ in 0..20 {
+                    if c.runtime.inspect(&id).await? == MachineState::Stopped {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            Ok(None) => return Err(fail("the change stream ended")),
+            Err(_) => {
+                return Err(fail(
+                    "no change reported within 10 s of the machine stopping",
+                ))
+            }
+        }
+    }
 }
 
 async fn remove_is_idempotent(c: &Context<'_>) -> Result<(), Outcome> {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use containerd_client::services::v1::containers_client::ContainersClient;
 use containerd_client::services::v1::content_client::ContentClient;
 use containerd_client::services::v1::diff_client::DiffClient;
+use containerd_client::services::v1::events_client::EventsClient;
 use containerd_client::services::v1::images_client::ImagesClient;
 use containerd_client::services::v1::leases_client::LeasesClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
@@ -73,6 +74,9 @@ impl Connection {
     }
     pub(crate) fn diff(&self) -> DiffClient<Channel> {
         DiffClient::new(self.channel.clone())
+    }
+    pub(crate) fn events(&self) -> EventsClient<Channel> {
+        EventsClient::new(self.channel.clone())
     }
     pub(crate) fn images(&self) -> ImagesClient<Channel> {
         ImagesClient::new(self.channel.clone())

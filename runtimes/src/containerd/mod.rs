@@ -708,6 +708,45 @@ impl Runtime for Containerd {
         Ok(machines)
     }
 
+    async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>> {
+        use futures_util::StreamExt;
+        // containerd answers a subscription only with its first event, so the call is made in
+        // a task of its own and its events relayed: the caller is never held up by a quiet
+        // runtime. The relay ends with the subscription or when nobody listens any more.
+        let (nudges, heard) = tokio::sync::mpsc::channel::<()>(16);
+        let conn = self.conn.clone();
+        let request = containerd_client::services::v1::SubscribeRequest {
+            // Events of every namespace arrive unless filtered.
+            filters: vec![format!("namespace==\"{}\"", self.namespace)],
+        };
+        tokio::spawn(async move {
+            let mut client = conn.events();
+            let subscribed = tokio::select! {
+                subscribed = client.subscribe(request) => subscribed,
+                _ = nudges.closed() => return,
+            };
+            let Ok(events) = subscribed else { return };
+            let mut events = events.into_inner();
+            loop {
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(Ok(_)) => {
+                            if nudges.send(()).await.is_err() {
+                                return;
+                            }
+                        }
+                        _ => return,
+                    },
+                    _ = nudges.closed() => return,
+                }
+            }
+        });
+        Ok(futures_util::stream::unfold(heard, |mut heard| async move {
+            heard.recv().await.map(|()| ((), heard))
+        })
+        .boxed())
+    }
+
     async fn start(&self, id: &str) -> Result<()> {
         self.container(id).await?;
         match self.task_status(id).await? {

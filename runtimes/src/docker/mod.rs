@@ -704,6 +704,24 @@ impl Runtime for Docker {
         Ok(machines)
     }
 
+    async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>> {
+        use futures_util::StreamExt;
+        let client = self.engine.client().await?.clone();
+        let options = bollard::query_parameters::EventsOptions {
+            since: None,
+            until: None,
+            filters: Some(std::collections::HashMap::from([
+                ("type".to_owned(), vec!["container".to_owned()]),
+                ("label".to_owned(), vec![LABEL_ENVIRONMENT.to_owned()]),
+            ])),
+        };
+        Ok(client
+            .events(Some(options))
+            .take_while(|event| std::future::ready(event.is_ok()))
+            .map(|_| ())
+            .boxed())
+    }
+
     async fn start(&self, id: &str) -> Result<()> {
         let client = self.engine.client().await?;
         let machine = self
