@@ -88,6 +88,21 @@ impl PrivateContainerd {
     }
 }
 
+/// Unmounts whatever a runtime left mounted under `dir`, deepest first.
+fn unmount_under(dir: &Path) {
+    let root = dir.display().to_string();
+    let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .filter(|m| m.starts_with(&root))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        let _ = Command::new("umount").args(["-l", &m]).status();
+    }
+}
+
 fn ctr_answers(socket: &Path) -> bool {
     Command::new("ctr")
         .arg("--address")
@@ -101,9 +116,6 @@ fn ctr_answers(socket: &Path) -> bool {
 
 impl Drop for PrivateContainerd {
     fn drop(&mut self) {
-        if self.child.is_none() && self.socket.exists() {
-            // Not ours to clean up any more than this.
-        }
         // Kill what the machines left: every shim of this containerd and its processes.
         let address = self.socket.display().to_string();
         if let Ok(procs) = std::fs::read_dir("/proc") {
@@ -123,18 +135,7 @@ impl Drop for PrivateContainerd {
             let _ = child.kill();
             let _ = child.wait();
         }
-        // Unmount whatever is still mounted under our directory, deepest first.
-        let root = self.dir.path().display().to_string();
-        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
-            .filter(|m| m.starts_with(&root))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
-            let _ = Command::new("umount").args(["-l", &m]).status();
-        }
+        unmount_under(self.dir.path());
     }
 }
 
@@ -235,17 +236,7 @@ impl Drop for PrivateDockerd {
             }
         }
         self.stop();
-        let root = self.dir.path().display().to_string();
-        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
-            .filter(|m| m.starts_with(&root))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
-            let _ = Command::new("umount").args(["-l", &m]).status();
-        }
+        unmount_under(self.dir.path());
     }
 }
 
