@@ -18,8 +18,8 @@ use crate::environments::{CreateRequest, Created, ExecRequest};
 #[utoipa::path(post, path = "/v1/environments", tag = "environments",
     request_body = CreateBody,
     responses(
-        (status = 201, description = "Provisioned now", body = EnvironmentView),
-        (status = 200, description = "It already existed; nothing was provisioned and no setup ran", body = EnvironmentView),
+        (status = 201, description = "Provisioned now. With Accept: application/x-ndjson: step events, clone/setup output chunks, then {\"environment\": …}", body = EnvironmentView),
+        (status = 200, description = "It already existed; nothing was provisioned and no setup ran (streamed: a repeat joining a create in flight sees its events from then on)", body = EnvironmentView),
         (status = 400, description = "NRY-0020..0023: the body breaks a rule", body = ErrorBody),
         (status = 401, description = "NRY-0011", body = ErrorBody),
         (status = 403, description = "NRY-0050/0051: GitHub installation missing or repository not selected", body = ErrorBody),
