@@ -105,7 +105,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             version,
             "container runtime answers"
         ),
-        Err(narya_runtimes::RuntimeError::Unavailable(e)) => {
+        Err(e) if e.kind() == narya_runtimes::ErrorKind::Unavailable => {
             tracing::warn!(backend = runtime.name(), error = %e, "container runtime not answering yet; retrying in the background")
         }
         Err(e) => return Err(e.into()),

@@ -43,6 +43,41 @@ pub enum RuntimeError {
     Other(String),
 }
 
+/// The kind of a [`RuntimeError`]: what the daemon decides on, whatever the back end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    NotFound,
+    AlreadyExists,
+    Unavailable,
+    Image,
+    Other,
+}
+
+impl RuntimeError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            RuntimeError::NotFound(_) => ErrorKind::NotFound,
+            RuntimeError::AlreadyExists(_) => ErrorKind::AlreadyExists,
+            RuntimeError::Unavailable(_) => ErrorKind::Unavailable,
+            RuntimeError::Image(_) => ErrorKind::Image,
+            RuntimeError::Other(_) => ErrorKind::Other,
+        }
+    }
+
+    /// A failure of `kind` with no underlying error: a refusal, or a fault a fake injects.
+    pub fn plain(kind: ErrorKind, message: impl Into<String>) -> RuntimeError {
+        let message = message.into();
+        match kind {
+            ErrorKind::NotFound => RuntimeError::NotFound(message),
+            ErrorKind::AlreadyExists => RuntimeError::AlreadyExists(message),
+            ErrorKind::Unavailable => RuntimeError::Unavailable(message),
+            ErrorKind::Image => RuntimeError::Image(message),
+            ErrorKind::Other => RuntimeError::Other(message),
+        }
+    }
+}
+
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
 
 /// A user and group id on the host and in the machine.

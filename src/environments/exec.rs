@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use narya_runtimes::{ProcessOutcome, ProcessSpec, RuntimeError};
+use narya_runtimes::{ErrorKind, ProcessOutcome, ProcessSpec};
 
 use super::{EnvironmentError, EnvironmentId, Environments, Status};
 use crate::auth::Principal;
@@ -41,8 +41,8 @@ impl Environments {
         };
         match self.runtime.run(id.as_str(), &spec).await {
             Ok(outcome) => Ok(outcome),
-            Err(RuntimeError::NotFound(m)) => Err(EnvironmentError::NotReady(format!(
-                "environment {id} has no running machine right now ({m}); wait for it to come back or replace it"
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(EnvironmentError::NotReady(format!(
+                "environment {id} has no running machine right now ({e}); wait for it to come back or replace it"
             ))),
             Err(e) => Err(e.into()),
         }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use narya_runtimes::{
-    ImageSource, MachineSpec, MachineState, Network, PinnedImage, ProcessSpec, Runtime,
+    ErrorKind, ImageSource, MachineSpec, MachineState, Network, PinnedImage, ProcessSpec, Runtime,
     RuntimeError, ThrowawaySpec, LABEL_DIGEST,
 };
 use time::format_description::well_known::Rfc3339;
@@ -90,10 +90,10 @@ impl From<GitHubError> for EnvironmentError {
 
 impl From<RuntimeError> for EnvironmentError {
     fn from(e: RuntimeError) -> Self {
-        match e {
-            RuntimeError::Unavailable(m) => EnvironmentError::RuntimeUnavailable(m),
-            RuntimeError::Image(m) => EnvironmentError::ImageUnavailable(m),
-            other => EnvironmentError::Internal(format!("the container runtime failed: {other}")),
+        match e.kind() {
+            ErrorKind::Unavailable => EnvironmentError::RuntimeUnavailable(e.to_string()),
+            ErrorKind::Image => EnvironmentError::ImageUnavailable(e.to_string()),
+            _ => EnvironmentError::Internal(format!("the container runtime failed: {e}")),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use narya_runtimes::{MachineInfo, MachineState, RuntimeError};
+use narya_runtimes::{ErrorKind, MachineInfo, MachineState};
 
 use super::{now_rfc3339, Environments, Status};
 use crate::store::EnvironmentRecord;
@@ -95,7 +95,7 @@ impl Environments {
         let rows = self.store.list_all().await.map_err(|e| e.to_string())?;
         let machines = match self.runtime.list().await {
             Ok(machines) => machines,
-            Err(RuntimeError::Unavailable(e)) => {
+            Err(e) if e.kind() == ErrorKind::Unavailable => {
                 for row in rows
                     .iter()
                     .filter(|r| r.setup_recorded && r.status != Status::Unusable)
