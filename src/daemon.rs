@@ -14,6 +14,7 @@ use crate::auth::{JwksError, Verifier};
 use crate::config::Config;
 use crate::environments::Environments;
 use crate::github::{GitHubApp, GitHubError};
+use crate::organisation::Organisations;
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -115,19 +116,20 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Some(github) => Some(Arc::new(GitHubApp::new(github)?)),
         None => None,
     };
+    let organisations = Arc::new(Organisations::new(store.clone(), github));
     let environments = Arc::new(Environments::new(
         store.clone(),
         runtime,
         config.clone(),
-        github,
+        organisations.clone(),
     ));
     environments.mark_interrupted().await?;
     let reconciler = tokio::spawn(environments.clone().reconcile_forever());
     let state = AppState {
         config: config.clone(),
         verifier,
-        store: store.clone(),
         environments: environments.clone(),
+        organisations,
     };
     let router = api::router(state);
 

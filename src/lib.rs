@@ -10,4 +10,6 @@ pub mod daemon;
 pub mod devkeys;
 pub mod environments;
 pub mod github;
+pub mod model;
+pub mod organisation;
 pub mod store;

@@ -272,15 +272,15 @@ async fn environments_of_another_organisation_do_not_exist_for_you() {
         for (id, org) in [("shared-name", "globex"), ("mine", "acme")] {
             store
                 .insert(&narya::store::EnvironmentRecord {
-                    id: id.to_owned(),
+                    id: id.parse().unwrap(),
                     organisation: org.to_owned(),
                     person: "p".to_owned(),
                     fingerprint: narya::environments::fingerprint(None, None),
                     setup_script: None,
                     repository: None,
-                    image_digest: format!("sha256:{}", "b".repeat(64)),
+                    image_digest: format!("sha256:{}", "b".repeat(64)).parse().unwrap(),
                     setup_recorded: true,
-                    status: narya::environments::Status::Ready,
+                    status: narya::model::Status::Ready,
                     status_detail: None,
                     setup: None,
                     created_at: "2026-11-30T00:00:00Z".to_owned(),

@@ -2,11 +2,13 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use narya_runtimes::ErrorKind;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::environments::{EnvironmentError, InvalidRequest};
-use crate::store::StoreError;
+use crate::environments::{EnvironmentError, InvalidExec};
+use crate::model::InvalidRequest;
+use crate::organisation::OrganisationError;
 
 /// The body of every error answer.
 #[derive(Debug, Serialize, serde::Deserialize, ToSchema)]
@@ -18,110 +20,86 @@ pub struct ErrorBody {
     pub message: String,
 }
 
-/// Every way a request can fail, as the API reports it.
+/// Every way a request can fail, as the API reports it: the transport's own refusals, and the
+/// domain's errors wrapped whole.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("a valid bearer token from the configured identity provider is required")]
     Unauthenticated,
     #[error("{0}")]
     BadBody(String),
-    #[error("{0}")]
-    Invalid(#[from] InvalidRequest),
-    #[error("no environment {0:?} in your organisation")]
-    NotFound(String),
     #[error("no route {method} {path}; the API is described at GET /v1/openapi.json")]
     NoRoute { method: String, path: String },
     #[error("{method} is not allowed on {path}; the API is described at GET /v1/openapi.json")]
     MethodNotAllowed { method: String, path: String },
-    #[error("{0}")]
-    IdInUse(String),
-    #[error("{0}")]
-    SetupUnrecorded(String),
-    #[error("{0}")]
-    NotReady(String),
-    #[error("{0}")]
-    GitHubNotConnected(String),
-    #[error("{0}")]
-    RepositoryNotSelected(String),
-    #[error("{0}")]
-    RuntimeUnavailable(String),
-    #[error("{0}")]
-    ImageUnavailable(String),
-    #[error("{0}")]
-    Internal(String),
+    #[error(transparent)]
+    Invalid(#[from] InvalidRequest),
+    #[error(transparent)]
+    InvalidExec(#[from] InvalidExec),
+    #[error(transparent)]
+    Environment(#[from] EnvironmentError),
+    #[error(transparent)]
+    Organisation(#[from] OrganisationError),
 }
 
+const BAD_REQUEST: StatusCode = StatusCode::BAD_REQUEST;
+const FORBIDDEN: StatusCode = StatusCode::FORBIDDEN;
+const NOT_FOUND: StatusCode = StatusCode::NOT_FOUND;
+const CONFLICT: StatusCode = StatusCode::CONFLICT;
+const UNAVAILABLE: StatusCode = StatusCode::SERVICE_UNAVAILABLE;
+const INTERNAL: (StatusCode, &str) = (StatusCode::INTERNAL_SERVER_ERROR, "NRY-0099");
+
 impl ApiError {
-    pub fn status(&self) -> StatusCode {
+    /// The HTTP status and NRY code of this error: the contract's catalogue, in one match.
+    pub fn parts(&self) -> (StatusCode, &'static str) {
+        use EnvironmentError as E;
+        use OrganisationError as O;
         match self {
-            ApiError::Unauthenticated => StatusCode::UNAUTHORIZED,
-            ApiError::BadBody(_) | ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
-            ApiError::NotFound(_) | ApiError::NoRoute { .. } => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::IdInUse(_) | ApiError::SetupUnrecorded(_) | ApiError::NotReady(_) => {
-                StatusCode::CONFLICT
+            ApiError::Unauthenticated => (StatusCode::UNAUTHORIZED, "NRY-0011"),
+            ApiError::BadBody(_) | ApiError::InvalidExec(_) => (BAD_REQUEST, "NRY-0020"),
+            ApiError::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "NRY-0020"),
+            ApiError::Invalid(InvalidRequest::Id(_)) => (BAD_REQUEST, "NRY-0021"),
+            ApiError::Invalid(InvalidRequest::SetupTooLong(_)) => (BAD_REQUEST, "NRY-0022"),
+            ApiError::Invalid(InvalidRequest::Repository(_)) => (BAD_REQUEST, "NRY-0023"),
+            ApiError::NoRoute { .. } | ApiError::Environment(E::NotFound(_)) => {
+                (NOT_FOUND, "NRY-0030")
             }
-            ApiError::GitHubNotConnected(_) | ApiError::RepositoryNotSelected(_) => {
-                StatusCode::FORBIDDEN
-            }
-            ApiError::RuntimeUnavailable(_) | ApiError::ImageUnavailable(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Environment(E::IdInUse(_) | E::DifferentCreate(_)) => (CONFLICT, "NRY-0040"),
+            ApiError::Environment(E::SetupUnrecorded(_)) => (CONFLICT, "NRY-0041"),
+            ApiError::Environment(
+                E::NotReady { .. } | E::NotGone { .. } | E::NoRunningMachine { .. },
+            ) => (CONFLICT, "NRY-0042"),
+            ApiError::Environment(E::GitHub(o)) | ApiError::Organisation(o) => match o {
+                O::GitHubNotConfigured
+                | O::NotConnected { .. }
+                | O::InstallationNotFound { .. } => (FORBIDDEN, "NRY-0050"),
+                O::RepositoryNotSelected { .. } => (FORBIDDEN, "NRY-0051"),
+                // The contract has one code for a dependency that is not answering.
+                O::GitHubUnavailable(_) => (UNAVAILABLE, "NRY-0060"),
+                O::GitHub(_) | O::Store(_) => INTERNAL,
+            },
+            ApiError::Environment(E::Runtime(e)) => match e.kind() {
+                ErrorKind::Unavailable => (UNAVAILABLE, "NRY-0060"),
+                ErrorKind::Image => (UNAVAILABLE, "NRY-0061"),
+                ErrorKind::NotFound | ErrorKind::AlreadyExists | ErrorKind::Other => INTERNAL,
+            },
+            ApiError::Environment(
+                E::Workspace { .. }
+                | E::WorkspaceRemoval(_)
+                | E::MachineVanished(_)
+                | E::MachineUnlabelled(_)
+                | E::Task { .. }
+                | E::Store(_),
+            ) => INTERNAL,
         }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
     }
 
     pub fn code(&self) -> &'static str {
-        match self {
-            ApiError::Unauthenticated => "NRY-0011",
-            ApiError::BadBody(_) | ApiError::MethodNotAllowed { .. } => "NRY-0020",
-            ApiError::Invalid(InvalidRequest::Id(_)) => "NRY-0021",
-            ApiError::Invalid(InvalidRequest::SetupTooLong(_)) => "NRY-0022",
-            ApiError::Invalid(InvalidRequest::Repository(_)) => "NRY-0023",
-            ApiError::NotFound(_) | ApiError::NoRoute { .. } => "NRY-0030",
-            ApiError::IdInUse(_) => "NRY-0040",
-            ApiError::SetupUnrecorded(_) => "NRY-0041",
-            ApiError::NotReady(_) => "NRY-0042",
-            ApiError::GitHubNotConnected(_) => "NRY-0050",
-            ApiError::RepositoryNotSelected(_) => "NRY-0051",
-            ApiError::RuntimeUnavailable(_) => "NRY-0060",
-            ApiError::ImageUnavailable(_) => "NRY-0061",
-            ApiError::Internal(_) => "NRY-0099",
-        }
-    }
-}
-
-impl From<EnvironmentError> for ApiError {
-    fn from(e: EnvironmentError) -> Self {
-        let message = e.to_string();
-        match e {
-            EnvironmentError::IdInUse(_) | EnvironmentError::DifferentCreate(_) => {
-                ApiError::IdInUse(message)
-            }
-            EnvironmentError::SetupUnrecorded(_) => ApiError::SetupUnrecorded(message),
-            EnvironmentError::NotFound(id) => ApiError::NotFound(id),
-            EnvironmentError::NotReady(_) => ApiError::NotReady(message),
-            EnvironmentError::GitHubNotConfigured
-            | EnvironmentError::GitHubNotConnected { .. }
-            | EnvironmentError::InstallationNotFound { .. } => {
-                ApiError::GitHubNotConnected(message)
-            }
-            EnvironmentError::RepositoryNotSelected { .. } => {
-                ApiError::RepositoryNotSelected(message)
-            }
-            // The contract has one code for a dependency that is not answering.
-            EnvironmentError::GitHubUnavailable(_) => ApiError::RuntimeUnavailable(message),
-            EnvironmentError::RuntimeUnavailable(_) => ApiError::RuntimeUnavailable(message),
-            EnvironmentError::ImageUnavailable(_) => ApiError::ImageUnavailable(message),
-            EnvironmentError::Internal(_) => ApiError::Internal(message),
-            EnvironmentError::Store(e) => e.into(),
-        }
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        ApiError::Internal(format!("the environment store failed: {e}"))
+        self.parts().1
     }
 }
 
@@ -131,9 +109,9 @@ pub struct ServerFault(pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status();
+        let (status, code) = self.parts();
         let body = ErrorBody {
-            code: self.code().to_owned(),
+            code: code.to_owned(),
             message: self.to_string(),
         };
         let mut response = (status, axum::Json(body)).into_response();

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 
 use super::ApiError;
 use crate::auth::Principal;
-use crate::environments::EnvironmentId;
+use crate::model::{EnvironmentId, InvalidRequest};
 
 impl<S: Send + Sync> FromRequestParts<S> for Principal {
     type Rejection = ApiError;
@@ -53,7 +53,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdPath {
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|_| {
-                ApiError::Invalid(crate::environments::InvalidRequest::Id(
+                ApiError::Invalid(InvalidRequest::Id(
                     parts
                         .uri
                         .path()

@@ -3,6 +3,7 @@
 mod environments;
 mod error;
 mod extract;
+mod organisation;
 mod stream;
 pub mod types;
 
@@ -21,7 +22,7 @@ use utoipa::OpenApi;
 use crate::auth::Verifier;
 use crate::config::Config;
 use crate::environments::Environments;
-use crate::store::Store;
+use crate::organisation::Organisations;
 pub use error::{ApiError, ErrorBody, ServerFault};
 
 /// What every handler can reach.
@@ -29,8 +30,8 @@ pub use error::{ApiError, ErrorBody, ServerFault};
 pub struct AppState {
     pub config: Arc<Config>,
     pub verifier: Arc<Verifier>,
-    pub store: Store,
     pub environments: Arc<Environments>,
+    pub organisations: Arc<Organisations>,
 }
 
 #[derive(OpenApi)]
@@ -43,7 +44,7 @@ pub struct AppState {
         environments::delete,
         environments::exec,
         environments::replace,
-        environments::connect_github,
+        organisation::connect_github,
         openapi_document,
     ),
     modifiers(&BearerSecurity),
@@ -93,7 +94,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/environments/{id}/exec", post(environments::exec))
         .route("/v1/environments/{id}/replace", post(environments::replace))
-        .route("/v1/organisation/github", put(environments::connect_github))
+        .route("/v1/organisation/github", put(organisation::connect_github))
         .route("/v1/openapi.json", get(openapi_document))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)

@@ -7,13 +7,10 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use serde_json::{json, Value};
-use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{broadcast, mpsc};
-use tokio::task::JoinHandle;
 
 use super::types::EnvironmentView;
 use super::ApiError;
-use crate::environments::{Created, EnvironmentError, Progress, Utf8Chunks};
+use crate::environments::{CreateStream, ExecRun};
 
 pub const NDJSON: &str = "application/x-ndjson";
 
@@ -27,7 +24,7 @@ pub fn wants_ndjson(headers: &HeaderMap) -> bool {
 }
 
 /// A streamed answer with `status`.
-pub fn ndjson<S>(status: StatusCode, lines: S) -> Response
+fn ndjson<S>(status: StatusCode, lines: S) -> Response
 where
     S: Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
 {
@@ -49,70 +46,50 @@ fn error_line(e: ApiError) -> Value {
     json!({"error": {"code": e.code(), "message": e.to_string()}})
 }
 
-/// A create's progress events until it ends, then `{"environment": …}` (or `{"error": …}`).
-pub fn create_progress(
-    events: broadcast::Receiver<Progress>,
-    task: JoinHandle<Result<Created, EnvironmentError>>,
-) -> impl Stream<Item = Result<Bytes, Infallible>> {
-    futures_util::stream::unfold(Some((Some(events), task)), |state| async move {
-        let (events, task) = state?;
-        if let Some(mut events) = events {
-            loop {
-                match events.recv().await {
-                    Ok(progress) => {
-                        let value = serde_json::to_value(&progress).unwrap_or_default();
-                        return Some((line(&value), Some((Some(events), task))));
-                    }
-                    // A reader that fell behind misses some output; the final environment
-                    // still carries the tail.
-                    Err(RecvError::Lagged(_)) => continue,
-                    Err(RecvError::Closed) => break,
-                }
-            }
+/// A create's progress events until it ends, then `{"environment": …}` (or `{"error": …}`);
+/// `201` when it is making the environment, `200` when it joined or found one.
+pub fn create_progress(run: CreateStream) -> Response {
+    let status = if run.is_new() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let lines = futures_util::stream::unfold(Some(run), |run| async move {
+        let mut run = run?;
+        if let Some(progress) = run.next().await {
+            let value = serde_json::to_value(&progress).unwrap_or_default();
+            return Some((line(&value), Some(run)));
         }
-        let last = match task.await {
-            Ok(Ok(Created::New(record) | Created::Existing(record))) => {
-                json!({"environment": EnvironmentView::from(&record)})
-            }
-            Ok(Err(e)) => error_line(e.into()),
-            Err(e) => error_line(ApiError::Internal(format!("the create task failed: {e}"))),
+        let last = match run.outcome().await {
+            Ok(created) => json!({"environment": EnvironmentView::from(created.record())}),
+            Err(e) => error_line(e.into()),
         };
         Some((line(&last), None))
-    })
+    });
+    ndjson(status, lines)
 }
 
 /// An exec's output chunks as they come, then `{"exit_code", "timed_out", "duration_ms"}`.
-pub fn exec_output(
-    chunks: mpsc::Receiver<Vec<u8>>,
-    task: JoinHandle<Result<narya_runtimes::ProcessOutcome, EnvironmentError>>,
-) -> impl Stream<Item = Result<Bytes, Infallible>> {
-    let state = (Some(chunks), Utf8Chunks::default(), Some(task));
-    futures_util::stream::unfold(state, |(chunks, mut text, task)| async move {
-        let task = task?;
-        if let Some(mut chunks) = chunks {
-            while let Some(chunk) = chunks.recv().await {
-                let output = text.push(&chunk);
-                if !output.is_empty() {
-                    return Some((
-                        line(&json!({"output": output})),
-                        (Some(chunks), text, Some(task)),
-                    ));
-                }
-            }
-            let rest = text.finish();
-            if !rest.is_empty() {
-                return Some((line(&json!({"output": rest})), (None, text, Some(task))));
-            }
+pub fn exec_output(run: ExecRun) -> Response {
+    let lines = futures_util::stream::unfold(Some(run), |run| async move {
+        let mut run = run?;
+        if let Some(output) = run.next_output().await {
+            return Some((line(&json!({ "output": output })), Some(run)));
         }
-        let last = match task.await {
-            Ok(Ok(outcome)) => json!({
+        let last = match run.outcome().await {
+            Ok(outcome) => json!({
                 "exit_code": outcome.exit_code,
                 "timed_out": outcome.timed_out,
-                "duration_ms": u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
+                "duration_ms": millis(outcome.duration),
             }),
-            Ok(Err(e)) => error_line(e.into()),
-            Err(e) => error_line(ApiError::Internal(format!("the exec task failed: {e}"))),
+            Err(e) => error_line(e.into()),
         };
-        Some((line(&last), (None, text, None)))
-    })
+        Some((line(&last), None))
+    });
+    ndjson(StatusCode::OK, lines)
+}
+
+/// A duration as the contract's `duration_ms`.
+pub fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

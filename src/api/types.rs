@@ -120,8 +120,8 @@ pub struct ConnectGitHubBody {
 impl From<&SetupRecord> for SetupView {
     fn from(s: &SetupRecord) -> Self {
         SetupView {
-            state: s.state.clone(),
-            step: s.step.clone(),
+            state: s.state.as_str().to_owned(),
+            step: s.step.as_str().to_owned(),
             exit_code: s.exit_code,
             output: s.output.clone(),
             output_truncated: s.output_truncated,
@@ -133,9 +133,9 @@ impl From<&SetupRecord> for SetupView {
 
 impl From<&EnvironmentRecord> for EnvironmentView {
     fn from(r: &EnvironmentRecord) -> Self {
-        use crate::environments::Status;
+        use crate::model::Status;
         EnvironmentView {
-            id: r.id.clone(),
+            id: r.id.to_string(),
             status: match r.status {
                 Status::Ready => StatusView::Ready,
                 Status::Degraded => StatusView::Degraded,
@@ -143,8 +143,8 @@ impl From<&EnvironmentRecord> for EnvironmentView {
                 Status::Unusable => StatusView::Unusable,
             },
             status_detail: r.status_detail.clone(),
-            image_digest: r.image_digest.clone(),
-            repository: r.repository.clone(),
+            image_digest: r.image_digest.to_string(),
+            repository: r.repository.as_ref().map(ToString::to_string),
             setup: r.setup.as_ref().map(SetupView::from),
             created_at: r.created_at.clone(),
         }

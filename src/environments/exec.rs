@@ -1,35 +1,58 @@
-//! Running a session's command in a ready environment.
+//! Running a session's command in a ready environment, its output watched as it is produced.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use narya_runtimes::{ErrorKind, ProcessOutcome, ProcessSpec};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
-use super::{EnvironmentError, EnvironmentId, Environments, Status};
+use super::{EnvironmentError, Environments, ExecRequest, Utf8Chunks};
 use crate::auth::Principal;
+use crate::model::{EnvironmentId, Status};
 
-/// A command, checked: what the person asked to run and how.
-#[derive(Clone, Debug)]
-pub struct ExecRequest {
-    pub argv: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    pub cwd: Option<String>,
-    pub timeout: Duration,
-    pub stdin: Option<Vec<u8>>,
+/// A command running in an environment. Dropping it kills the command and all it started.
+pub struct ExecRun {
+    output: Option<mpsc::Receiver<Vec<u8>>>,
+    text: Utf8Chunks,
+    task: JoinHandle<Result<ProcessOutcome, EnvironmentError>>,
+}
+
+impl ExecRun {
+    /// The next piece of the command's output as text (never splitting a character), or `None`
+    /// once the command has closed its output.
+    pub async fn next_output(&mut self) -> Option<String> {
+        let output = self.output.as_mut()?;
+        while let Some(chunk) = output.recv().await {
+            let text = self.text.push(&chunk);
+            if !text.is_empty() {
+                return Some(text);
+            }
+        }
+        self.output = None;
+        Some(self.text.finish()).filter(|rest| !rest.is_empty())
+    }
+
+    /// How the command ended, its output read to the end first (the outcome keeps its tail).
+    pub async fn outcome(self) -> Result<ProcessOutcome, EnvironmentError> {
+        let ExecRun { output, task, .. } = self;
+        if let Some(mut output) = output {
+            while output.recv().await.is_some() {}
+        }
+        task.await.map_err(EnvironmentError::task("exec"))?
+    }
 }
 
 impl Environments {
-    /// Runs `request` in environment `id` as the unprivileged user; chunks of output go to
-    /// `output` as they are produced. Dropping `output`'s receiver kills the command.
+    /// Starts `request` in environment `id` as the unprivileged user, once the environment is
+    /// found ready for `principal`.
     pub async fn exec(
-        self: Arc<Self>,
-        principal: Principal,
+        self: &Arc<Self>,
+        principal: &Principal,
         id: EnvironmentId,
         request: ExecRequest,
-        output: tokio::sync::mpsc::Sender<Vec<u8>>,
-    ) -> Result<ProcessOutcome, EnvironmentError> {
-        self.check_ready(&principal, &id).await?;
+    ) -> Result<ExecRun, EnvironmentError> {
+        self.check_ready(principal, &id).await?;
+        let (chunks, output) = mpsc::channel(64);
         let spec = ProcessSpec {
             argv: request.argv,
             env: request.env,
@@ -37,37 +60,40 @@ impl Environments {
             timeout: request.timeout,
             output_limit: self.config.environment.output_limit,
             stdin: request.stdin,
-            output: Some(output),
+            output: Some(chunks),
         };
-        match self.runtime.run(id.as_str(), &spec).await {
-            Ok(outcome) => Ok(outcome),
-            Err(e) if e.kind() == ErrorKind::NotFound => Err(EnvironmentError::NotReady(format!(
-                "environment {id} has no running machine right now ({e}); wait for it to come back or replace it"
-            ))),
-            Err(e) => Err(e.into()),
-        }
+        // The command runs in a task of its own that ends when it does; the run holds the
+        // receiving end of its output, so a caller that goes away takes the command with it.
+        let runtime = self.runtime.clone();
+        let task = tokio::spawn(async move {
+            match runtime.run(id.as_str(), &spec).await {
+                Ok(outcome) => Ok(outcome),
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    Err(EnvironmentError::NoRunningMachine { id, source: e })
+                }
+                Err(e) => Err(e.into()),
+            }
+        });
+        Ok(ExecRun {
+            output: Some(output),
+            text: Utf8Chunks::default(),
+            task,
+        })
     }
 
     /// Whether `principal` may run commands in `id` now: it exists for them and is ready.
-    pub async fn check_ready(
+    async fn check_ready(
         &self,
         principal: &Principal,
         id: &EnvironmentId,
     ) -> Result<(), EnvironmentError> {
-        let row = self
-            .store
-            .get(&principal.organisation, id.as_str())
-            .await?
-            .ok_or_else(|| EnvironmentError::NotFound(id.to_string()))?;
+        let row = self.get(principal, id).await?;
         if row.status != Status::Ready {
-            return Err(EnvironmentError::NotReady(format!(
-                "environment {id} is {}{}; commands run only in a ready environment",
-                row.status.as_str(),
-                row.status_detail
-                    .as_deref()
-                    .map(|d| format!(" ({d})"))
-                    .unwrap_or_default()
-            )));
+            return Err(EnvironmentError::NotReady {
+                id: row.id,
+                status: row.status,
+                detail: row.status_detail,
+            });
         }
         Ok(())
     }

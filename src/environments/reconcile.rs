@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use narya_runtimes::{ErrorKind, MachineInfo, MachineState};
 
-use super::{now_rfc3339, Environments, Status};
+use super::Environments;
+use crate::model::{now_rfc3339, Status};
 use crate::store::EnvironmentRecord;
 
 /// How often the runtime is compared with the store while it answers.
@@ -117,7 +118,7 @@ impl Environments {
                 Some(MachineState::Running) => self.settle(row, Status::Ready, None).await,
                 Some(_) => {
                     self.settle(row, Status::Degraded, Some(RESTARTING)).await;
-                    match self.runtime.start(&row.id).await {
+                    match self.runtime.start(row.id.as_str()).await {
                         Ok(()) => {
                             tracing::info!(environment.id = %row.id, "stopped machine started again");
                             self.settle(row, Status::Ready, None).await;
@@ -144,7 +145,7 @@ impl Environments {
         if row.status == status && row.status_detail.as_deref() == detail {
             return;
         }
-        let Some(_guard) = self.try_lock(&row.id) else {
+        let Some(_guard) = self.locks.try_lock(&row.id) else {
             return;
         };
         // Re-read under the lock: the row may have changed since the pass began.

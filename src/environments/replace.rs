@@ -6,8 +6,9 @@ use std::sync::Arc;
 use narya_runtimes::ImageSource;
 use tracing::Instrument;
 
-use super::{now_rfc3339, EnvironmentError, EnvironmentId, Environments, Progress, Status};
+use super::{EnvironmentError, Environments, Progress};
 use crate::auth::Principal;
+use crate::model::{now_rfc3339, EnvironmentId, SetupState, Status};
 use crate::store::EnvironmentRecord;
 
 impl Environments {
@@ -18,11 +19,10 @@ impl Environments {
     ) -> Result<EnvironmentRecord, EnvironmentError> {
         let this = self.clone();
         let span = tracing::info_span!("replace", environment.id = %id, organisation = %principal.organisation);
-        let task = self.tasks_spawn(
-            async move { this.replace_serialised(principal, id).await }.instrument(span),
-        );
-        task.await
-            .map_err(|e| EnvironmentError::Internal(format!("the replace task failed: {e}")))?
+        let task = self
+            .tasks
+            .spawn(async move { this.replace_serialised(principal, id).await }.instrument(span));
+        task.await.map_err(EnvironmentError::task("replace"))?
     }
 
     async fn replace_serialised(
@@ -30,30 +30,22 @@ impl Environments {
         principal: Principal,
         id: EnvironmentId,
     ) -> Result<EnvironmentRecord, EnvironmentError> {
-        let _guard = self.lock(id.as_str()).await;
-        let mut row = self
-            .store
-            .get(&principal.organisation, id.as_str())
-            .await?
-            .ok_or_else(|| EnvironmentError::NotFound(id.to_string()))?;
+        let _guard = self.locks.lock(&id).await;
+        let mut row = self.get(&principal, &id).await?;
         // The store may lag the runtime by a poll: ask the runtime itself.
         let state = self.runtime.inspect(id.as_str()).await?;
         if row.status != Status::Gone || state != narya_runtimes::MachineState::Missing {
-            return Err(EnvironmentError::NotReady(format!(
-                "environment {id} is {}; replace re-provisions only a gone environment (one whose machine the runtime no longer has)",
-                row.status.as_str()
-            )));
+            return Err(EnvironmentError::NotGone {
+                id,
+                status: row.status,
+            });
         }
-        let digest = row
-            .image_digest
-            .parse()
-            .map_err(|e| EnvironmentError::Internal(format!("stored digest of {id}: {e}")))?;
         // The pinned digest, never a newer one; fetched again if the runtime lost it.
         let pinned = self
             .runtime
             .ensure_image(&ImageSource {
                 reference: self.config.image.reference.clone(),
-                pinned: Some(digest),
+                pinned: Some(row.image_digest.clone()),
             })
             .await?;
         self.store
@@ -66,15 +58,15 @@ impl Environments {
             )
             .await?;
         self.runtime.remove(id.as_str()).await?;
-        let workspace = self.prepare_workspace(id.as_str(), false)?;
+        let workspace = self.prepare_workspace(&id, false)?;
         self.runtime
-            .create_machine(&self.machine_spec(id.as_str(), pinned, workspace))
+            .create_machine(&self.machine_spec(&id, pinned, workspace))
             .await?;
         tracing::info!("machine made again from the pinned digest");
         if let Some(script) = row.setup_script.clone() {
             let (events, _) = tokio::sync::broadcast::channel::<Progress>(1);
-            let setup = self.run_setup(id.as_str(), &script, &events).await?;
-            row.status = if setup.state == "succeeded" {
+            let setup = self.run_setup(&id, &script, &events).await?;
+            row.status = if setup.state == SetupState::Succeeded {
                 Status::Ready
             } else {
                 Status::Unusable

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::{GitHubError, Secret};
 use crate::config;
-use crate::environments::Repository;
+use crate::model::Repository;
 
 /// The REST API version every request asks for.
 const API_VERSION: &str = "2022-11-28";

@@ -9,7 +9,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
-use crate::environments::Status;
+use crate::model::{Digest, EnvironmentId, Repository, SetupState, SetupStep, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -24,15 +24,19 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database query failed: {0}")]
     Query(#[from] sqlx::Error),
-    #[error("the database holds a value it cannot read back: {0}")]
-    Corrupt(String),
+    #[error("the database holds a {column} it cannot read back ({value:?}): {reason}")]
+    Corrupt {
+        column: &'static str,
+        value: String,
+        reason: String,
+    },
 }
 
 /// What the setup (or a failed clone) did, as recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetupRecord {
-    pub state: String,
-    pub step: String,
+    pub state: SetupState,
+    pub step: SetupStep,
     pub exit_code: Option<i64>,
     pub output: String,
     pub output_truncated: bool,
@@ -43,13 +47,13 @@ pub struct SetupRecord {
 /// One environment row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EnvironmentRecord {
-    pub id: String,
+    pub id: EnvironmentId,
     pub organisation: String,
     pub person: String,
     pub fingerprint: String,
     pub setup_script: Option<String>,
-    pub repository: Option<String>,
-    pub image_digest: String,
+    pub repository: Option<Repository>,
+    pub image_digest: Digest,
     /// False while provisioning; a row left false by a dead daemon has an unrecorded setup state.
     pub setup_recorded: bool,
     pub status: Status,
@@ -69,14 +73,42 @@ const COLUMNS: &str = "id, organisation, person, fingerprint, setup_script, repo
     setup_exit_code, setup_output, setup_output_truncated, setup_started_at, setup_finished_at, \
     created_at, updated_at";
 
+/// Column `column` of `row`, parsed into its domain type: a value that does not parse is a
+/// corrupt row, said at once rather than found later.
+fn parsed<T>(row: &sqlx::sqlite::SqliteRow, column: &'static str) -> Result<T, StoreError>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    let value: String = row.try_get(column)?;
+    value.parse().map_err(|e: T::Err| StoreError::Corrupt {
+        column,
+        reason: e.to_string(),
+        value,
+    })
+}
+
+/// Like [`parsed`], for a column that may be NULL.
+fn parsed_optional<T>(
+    row: &sqlx::sqlite::SqliteRow,
+    column: &'static str,
+) -> Result<Option<T>, StoreError>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    match row.try_get::<Option<String>, _>(column)? {
+        None => Ok(None),
+        Some(_) => parsed(row, column).map(Some),
+    }
+}
+
 fn record_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EnvironmentRecord, StoreError> {
-    let status: String = row.try_get("status")?;
-    let setup_state: Option<String> = row.try_get("setup_state")?;
-    let setup = match setup_state {
+    let setup = match parsed_optional::<SetupState>(row, "setup_state")? {
         None => None,
         Some(state) => Some(SetupRecord {
             state,
-            step: row.try_get("setup_step")?,
+            step: parsed(row, "setup_step")?,
             exit_code: row.try_get("setup_exit_code")?,
             output: row
                 .try_get::<Option<String>, _>("setup_output")?
@@ -89,15 +121,15 @@ fn record_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EnvironmentRecord, S
         }),
     };
     Ok(EnvironmentRecord {
-        id: row.try_get("id")?,
+        id: parsed(row, "id")?,
         organisation: row.try_get("organisation")?,
         person: row.try_get("person")?,
         fingerprint: row.try_get("fingerprint")?,
         setup_script: row.try_get("setup_script")?,
-        repository: row.try_get("repository")?,
-        image_digest: row.try_get("image_digest")?,
+        repository: parsed_optional(row, "repository")?,
+        image_digest: parsed(row, "image_digest")?,
         setup_recorded: row.try_get("setup_recorded")?,
-        status: Status::from_str(&status).map_err(StoreError::Corrupt)?,
+        status: parsed(row, "status")?,
         status_detail: row.try_get("status_detail")?,
         setup,
         created_at: row.try_get("created_at")?,
@@ -113,13 +145,13 @@ fn bind_changing<'q>(query: Query<'q>, record: &'q EnvironmentRecord) -> Query<'
     query
         .bind(&record.fingerprint)
         .bind(&record.setup_script)
-        .bind(&record.repository)
-        .bind(&record.image_digest)
+        .bind(record.repository.as_ref().map(Repository::as_str))
+        .bind(record.image_digest.to_string())
         .bind(record.setup_recorded)
         .bind(record.status.as_str())
         .bind(&record.status_detail)
-        .bind(setup.map(|s| &s.state))
-        .bind(setup.map(|s| &s.step))
+        .bind(setup.map(|s| s.state.as_str()))
+        .bind(setup.map(|s| s.step.as_str()))
         .bind(setup.and_then(|s| s.exit_code))
         .bind(setup.map(|s| &s.output))
         .bind(setup.map(|s| s.output_truncated))
@@ -161,12 +193,12 @@ impl Store {
     pub async fn get(
         &self,
         organisation: &str,
-        id: &str,
+        id: &EnvironmentId,
     ) -> Result<Option<EnvironmentRecord>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM environments WHERE organisation = ? AND id = ?");
         let row = sqlx::query(&sql)
             .bind(organisation)
-            .bind(id)
+            .bind(id.as_str())
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(record_from_row).transpose()
@@ -194,7 +226,7 @@ impl Store {
     pub async fn set_status(
         &self,
         organisation: &str,
-        id: &str,
+        id: &EnvironmentId,
         status: Status,
         detail: Option<&str>,
         at: &str,
@@ -207,16 +239,16 @@ impl Store {
         .bind(detail)
         .bind(at)
         .bind(organisation)
-        .bind(id)
+        .bind(id.as_str())
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
     /// Which organisation holds `id`, if any. Used only to refuse a create, never to show.
-    pub async fn holder(&self, id: &str) -> Result<Option<String>, StoreError> {
+    pub async fn holder(&self, id: &EnvironmentId) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT organisation FROM environments WHERE id = ?")
-            .bind(id)
+            .bind(id.as_str())
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.map(|r| r.try_get("organisation")).transpose()?)
@@ -231,7 +263,7 @@ impl Store {
              setup_started_at, setup_finished_at, updated_at) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
-        .bind(&record.id)
+        .bind(record.id.as_str())
         .bind(&record.organisation)
         .bind(&record.person)
         .bind(&record.created_at);
@@ -251,17 +283,17 @@ impl Store {
         );
         bind_changing(query, record)
             .bind(&record.organisation)
-            .bind(&record.id)
+            .bind(record.id.as_str())
             .execute(&self.pool)
             .await?;
         Ok(())
     }
 
     /// Deletes `id` if `organisation` holds it; whether a row went.
-    pub async fn delete(&self, organisation: &str, id: &str) -> Result<bool, StoreError> {
+    pub async fn delete(&self, organisation: &str, id: &EnvironmentId) -> Result<bool, StoreError> {
         let done = sqlx::query("DELETE FROM environments WHERE organisation = ? AND id = ?")
             .bind(organisation)
-            .bind(id)
+            .bind(id.as_str())
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -307,21 +339,25 @@ impl Store {
 mod tests {
     use super::*;
 
+    fn demo() -> EnvironmentId {
+        "demo".parse().unwrap()
+    }
+
     fn record(id: &str, organisation: &str) -> EnvironmentRecord {
         EnvironmentRecord {
-            id: id.to_owned(),
+            id: id.parse().unwrap(),
             organisation: organisation.to_owned(),
             person: "alice".to_owned(),
             fingerprint: crate::environments::fingerprint(Some("make"), None),
             setup_script: Some("make".to_owned()),
             repository: None,
-            image_digest: format!("sha256:{}", "a".repeat(64)),
+            image_digest: format!("sha256:{}", "a".repeat(64)).parse().unwrap(),
             setup_recorded: true,
             status: Status::Unusable,
             status_detail: None,
             setup: Some(SetupRecord {
-                state: "failed".to_owned(),
-                step: "setup".to_owned(),
+                state: SetupState::Failed,
+                step: SetupStep::Setup,
                 exit_code: Some(2),
                 output: "make: *** No targets.  Stop.\n".to_owned(),
                 output_truncated: false,
@@ -343,21 +379,27 @@ mod tests {
         store.insert(&mine).await.unwrap();
         store.insert(&record("other", "globex")).await.unwrap();
 
-        assert_eq!(store.get("acme", "demo").await.unwrap(), Some(mine.clone()));
-        assert_eq!(store.get("globex", "demo").await.unwrap(), None);
+        assert_eq!(
+            store.get("acme", &demo()).await.unwrap(),
+            Some(mine.clone())
+        );
+        assert_eq!(store.get("globex", &demo()).await.unwrap(), None);
         let ids: Vec<_> = store
             .list("acme")
             .await
             .unwrap()
             .into_iter()
-            .map(|r| r.id)
+            .map(|r| r.id.to_string())
             .collect();
         assert_eq!(ids, ["demo"]);
-        assert_eq!(store.holder("demo").await.unwrap().as_deref(), Some("acme"));
-        assert!(!store.delete("globex", "demo").await.unwrap());
-        assert!(store.get("acme", "demo").await.unwrap().is_some());
-        assert!(store.delete("acme", "demo").await.unwrap());
-        assert_eq!(store.holder("demo").await.unwrap(), None);
+        assert_eq!(
+            store.holder(&demo()).await.unwrap().as_deref(),
+            Some("acme")
+        );
+        assert!(!store.delete("globex", &demo()).await.unwrap());
+        assert!(store.get("acme", &demo()).await.unwrap().is_some());
+        assert!(store.delete("acme", &demo()).await.unwrap());
+        assert_eq!(store.holder(&demo()).await.unwrap(), None);
     }
 
     #[tokio::test]
@@ -370,11 +412,11 @@ mod tests {
         row.status_detail = Some("provisioning".to_owned());
         row.setup = None;
         store.insert(&row).await.unwrap();
-        assert_eq!(store.get("acme", "demo").await.unwrap(), Some(row.clone()));
+        assert_eq!(store.get("acme", &demo()).await.unwrap(), Some(row.clone()));
         let finished = record("demo", "acme");
         store.record(&finished).await.unwrap();
         assert_eq!(
-            store.get("acme", "demo").await.unwrap(),
+            store.get("acme", &demo()).await.unwrap(),
             Some(finished.clone())
         );
         // Another organisation's record of the same id changes nothing.
@@ -382,7 +424,7 @@ mod tests {
         foreign.organisation = "globex".to_owned();
         foreign.status = Status::Ready;
         store.record(&foreign).await.unwrap();
-        assert_eq!(store.get("acme", "demo").await.unwrap(), Some(finished));
+        assert_eq!(store.get("acme", &demo()).await.unwrap(), Some(finished));
     }
 
     #[tokio::test]
@@ -401,7 +443,24 @@ mod tests {
         store.insert(&record("demo", "acme")).await.unwrap();
         store.close().await;
         let store = Store::open(&path).await.unwrap();
-        assert!(store.get("acme", "demo").await.unwrap().is_some());
+        assert!(store.get("acme", &demo()).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_row_that_does_not_parse_is_a_corrupt_store_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+        store.insert(&record("demo", "acme")).await.unwrap();
+        sqlx::query("UPDATE environments SET image_digest = 'sha256:short'")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        match store.get("acme", &demo()).await {
+            Err(StoreError::Corrupt { column, value, .. }) => {
+                assert_eq!((column, value.as_str()), ("image_digest", "sha256:short"))
+            }
+            other => panic!("expected a corrupt row, got {other:?}"),
+        }
     }
 
     #[tokio::test]

@@ -1,0 +1,135 @@
+//! The repository step of a create: checked against the organisation's installation before
+//! anything is made, then cloned into the empty workspace before the machine exists.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use narya_runtimes::{Network, PinnedImage, ProcessOutcome, ProcessSpec, ThrowawaySpec};
+use tokio::sync::broadcast;
+
+use super::setup::{forward_output, step_record};
+use super::{EnvironmentError, Environments, Progress};
+use crate::auth::Principal;
+use crate::github::{self, Redactor};
+use crate::model::{EnvironmentId, Repository, SetupState, SetupStep};
+use crate::organisation::CloneSource;
+use crate::store::SetupRecord;
+
+impl Environments {
+    /// Step 4 of a create: the organisation's installation, and the repository among those it
+    /// selected. Answers the installation to clone through.
+    pub(super) async fn check_repository(
+        &self,
+        principal: &Principal,
+        repository: &Repository,
+    ) -> Result<CloneSource, EnvironmentError> {
+        Ok(self
+            .organisations
+            .clone_source(principal, repository)
+            .await?)
+    }
+
+    /// Clones the repository into the (empty) workspace before the machine exists: `git clone`
+    /// in a throwaway container of the pinned image, as the environment's user, bounded by
+    /// `environment.clone_timeout`, with a token minted for this one clone (that repository,
+    /// `contents: read`) living only in that process's environment and revoked right after.
+    /// A clone that fails is answered as a record, like a failed setup; only a runtime that
+    /// fails is an error.
+    pub(super) async fn run_clone(
+        &self,
+        id: &EnvironmentId,
+        image: &PinnedImage,
+        workspace: &Path,
+        source: &CloneSource,
+        events: &broadcast::Sender<Progress>,
+    ) -> Result<SetupRecord, EnvironmentError> {
+        let github = self.organisations.github()?;
+        let env = &self.config.environment;
+        let started_at = SystemTime::now();
+        let token = match github
+            .mint_token(
+                source.installation,
+                Some(&[source.repository.name()][..]),
+                serde_json::json!({"contents": "read"}),
+            )
+            .await
+        {
+            Ok(token) => token,
+            // A token GitHub will not give fails the clone like a refused one would.
+            Err(e) => {
+                tracing::warn!(error = %e, "GitHub gave no token for the clone");
+                let output = format!(
+                    "narya: GitHub gave no token to clone {}: {e}\n",
+                    source.repository
+                );
+                let _ = events.send(Progress::Output {
+                    step: "clone",
+                    output: output.clone(),
+                });
+                let refused = ProcessOutcome {
+                    exit_code: None,
+                    output: Vec::new(),
+                    output_truncated: false,
+                    timed_out: false,
+                    duration: std::time::Duration::ZERO,
+                };
+                return Ok(step_record(
+                    SetupStep::Clone,
+                    &refused,
+                    output.as_bytes(),
+                    started_at,
+                ));
+            }
+        };
+        tracing::info!(repository = %source.repository, "cloning with a token minted for this clone");
+        let redactor = Redactor::for_token(&token.token);
+        let (chunks, forward) = forward_output("clone", events, Redactor::for_token(&token.token));
+        let spec = ThrowawaySpec {
+            name: github::throwaway_name(id.as_str()),
+            image: image.clone(),
+            workspace: workspace.to_owned(),
+            mount_point: env.workspace.clone(),
+            user: env.user,
+            // The clone must reach GitHub whatever network the machine itself is given.
+            network: Network::Host,
+            process: ProcessSpec {
+                argv: github::clone_argv(&github.clone_url(&source.repository), &env.workspace),
+                env: github::clone_env(github.git_url(), &token.token),
+                cwd: None,
+                timeout: env.clone_timeout.0,
+                output_limit: env.output_limit,
+                stdin: None,
+                output: Some(chunks),
+            },
+        };
+        let outcome = self.runtime.run_throwaway(&spec).await;
+        drop(spec);
+        let _ = forward.await;
+        // Revoked whatever the clone did: the token was for this one command.
+        match github.revoke(&token.token).await {
+            Ok(()) => tracing::info!("the clone's token is revoked"),
+            Err(e) => {
+                tracing::warn!(error = %e, expires_at = ?token.expires_at, "could not revoke the clone's token; it expires on its own")
+            }
+        }
+        let outcome = outcome?;
+        let mut output = redactor.redact(&outcome.output, outcome.output_truncated);
+        let mut record = step_record(SetupStep::Clone, &outcome, &output, started_at);
+        if record.state == SetupState::Succeeded {
+            let config = std::fs::read(workspace.join(".git/config")).unwrap_or_default();
+            if github::config_holds_secret(&config, &token.token) {
+                tracing::error!(
+                    "the clone left its credential in .git/config; emptying the workspace"
+                );
+                self.prepare_workspace(id, true)?;
+                output.extend_from_slice(
+                    b"narya: the clone left its credential in .git/config; the workspace was emptied\n",
+                );
+                record = step_record(SetupStep::Clone, &outcome, &output, started_at);
+                record.state = SetupState::Failed;
+            }
+        }
+        tracing::info!(state = record.state.as_str(), exit_code = ?outcome.exit_code, "clone finished");
+        Ok(record)
+    }
+}

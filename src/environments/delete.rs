@@ -1,0 +1,42 @@
+//! Deleting an environment: its machine, writable layer and workspace destroyed, its
+//! identifier freed.
+
+use std::sync::Arc;
+
+use tracing::Instrument;
+
+use super::{EnvironmentError, Environments};
+use crate::auth::Principal;
+use crate::model::EnvironmentId;
+
+impl Environments {
+    /// Destroys the machine, its writable layer and the workspace, and frees the identifier.
+    /// Runs in its own task: a client that goes away does not leave it half done.
+    pub async fn delete(
+        self: &Arc<Self>,
+        principal: Principal,
+        id: EnvironmentId,
+    ) -> Result<(), EnvironmentError> {
+        let this = self.clone();
+        let span = tracing::info_span!("delete", environment.id = %id, organisation = %principal.organisation);
+        let task = self
+            .tasks
+            .spawn(async move { this.delete_serialised(principal, id).await }.instrument(span));
+        task.await.map_err(EnvironmentError::task("delete"))?
+    }
+
+    async fn delete_serialised(
+        &self,
+        principal: Principal,
+        id: EnvironmentId,
+    ) -> Result<(), EnvironmentError> {
+        let _guard = self.locks.lock(&id).await;
+        let row = self.get(&principal, &id).await?;
+        self.runtime.remove(row.id.as_str()).await?;
+        self.remove_workspace(&row.id)
+            .map_err(EnvironmentError::WorkspaceRemoval)?;
+        self.store.delete(&row.organisation, &row.id).await?;
+        tracing::info!("environment deleted");
+        Ok(())
+    }
+}
