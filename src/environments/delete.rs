@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use tracing::Instrument;
-
 use super::{EnvironmentError, Environments};
 use crate::auth::Principal;
 use crate::model::EnvironmentId;
@@ -17,12 +15,10 @@ impl Environments {
         principal: Principal,
         id: EnvironmentId,
     ) -> Result<(), EnvironmentError> {
-        let this = self.clone();
-        let span = tracing::info_span!("delete", environment.id = %id, organisation = %principal.organisation);
-        let task = self
-            .tasks
-            .spawn(async move { this.delete_serialised(principal, id).await }.instrument(span));
-        task.await.map_err(EnvironmentError::task("delete"))?
+        self.run_tracked("delete", principal, id, |this, principal, id| async move {
+            this.delete_serialised(principal, id).await
+        })
+        .await
     }
 
     async fn delete_serialised(

@@ -72,6 +72,28 @@ impl Environments {
         self.tasks.wait().await;
     }
 
+    /// Runs `operation` on `id` for `principal` as a task shutdown waits for, in a span that
+    /// names both: a caller that goes away does not leave the operation half done.
+    async fn run_tracked<T, F, Op>(
+        self: &Arc<Self>,
+        what: &'static str,
+        principal: Principal,
+        id: EnvironmentId,
+        operation: Op,
+    ) -> Result<T, EnvironmentError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, EnvironmentError>> + Send + 'static,
+        Op: FnOnce(Arc<Self>, Principal, EnvironmentId) -> F,
+    {
+        let span = tracing::info_span!("operation", operation = what, environment.id = %id, organisation = %principal.organisation);
+        let work = operation(self.clone(), principal, id);
+        let task = self
+            .tasks
+            .spawn(tracing::Instrument::instrument(work, span));
+        task.await.map_err(EnvironmentError::task(what))?
+    }
+
     /// Environment `id` of `principal`'s organisation.
     pub async fn get(
         &self,

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use narya_runtimes::ImageSource;
-use tracing::Instrument;
 
 use super::{EnvironmentError, Environments, Progress};
 use crate::auth::Principal;
@@ -12,17 +11,17 @@ use crate::model::{now_rfc3339, EnvironmentId, SetupState, Status};
 use crate::store::EnvironmentRecord;
 
 impl Environments {
+    /// Makes a `gone` environment's machine again from its pinned digest, keeping its
+    /// workspace, and runs its recorded setup once more.
     pub async fn replace(
         self: &Arc<Self>,
         principal: Principal,
         id: EnvironmentId,
     ) -> Result<EnvironmentRecord, EnvironmentError> {
-        let this = self.clone();
-        let span = tracing::info_span!("replace", environment.id = %id, organisation = %principal.organisation);
-        let task = self
-            .tasks
-            .spawn(async move { this.replace_serialised(principal, id).await }.instrument(span));
-        task.await.map_err(EnvironmentError::task("replace"))?
+        self.run_tracked("replace", principal, id, |this, principal, id| async move {
+            this.replace_serialised(principal, id).await
+        })
+        .await
     }
 
     async fn replace_serialised(

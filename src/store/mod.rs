@@ -348,7 +348,7 @@ mod tests {
             id: id.parse().unwrap(),
             organisation: organisation.to_owned(),
             person: "alice".to_owned(),
-            fingerprint: crate::environments::fingerprint(Some("make"), None),
+            fingerprint: "a fingerprint".to_owned(),
             setup_script: Some("make".to_owned()),
             repository: None,
             image_digest: format!("sha256:{}", "a".repeat(64)).parse().unwrap(),

@@ -1,0 +1,297 @@
+//! Creates: first, repeated, joined, refused, adopted, and undone at every step.
+
+use narya_runtimes::testing::{FakeOutcome, Op};
+use narya_runtimes::{ErrorKind, MachineInfo, MachineState};
+
+use super::{acme, digest, person, request, Host};
+use crate::environments::{Created, EnvironmentError, Progress};
+use crate::model::{SetupState, SetupStep, Status};
+
+#[tokio::test]
+async fn a_first_create_without_setup_makes_a_ready_machine_and_runs_nothing() {
+    let host = Host::new().await;
+    let created = host.create("demo", None).await;
+    assert!(created.is_new());
+    let record = created.record();
+    assert_eq!(
+        (record.status, record.setup_recorded),
+        (Status::Ready, true)
+    );
+    assert_eq!(record.setup, None);
+    let machine = host.machine("demo").expect("a machine");
+    assert_eq!(machine.state, MachineState::Running);
+    assert_eq!(machine.digest.as_ref(), Some(&record.image_digest));
+    assert!(host.fake.processes().is_empty());
+    assert!(host.workspace_exists("demo"));
+    assert_eq!(host.row("acme", "demo").await.as_ref(), Some(record));
+}
+
+#[tokio::test]
+async fn a_setup_runs_once_in_the_machine_with_the_script_on_its_input() {
+    let host = Host::new().await;
+    host.fake.on_process(|_| FakeOutcome::Exit {
+        code: 0,
+        output: b"installing\n".to_vec(),
+    });
+    let created = host.create("demo", Some("make tools")).await;
+    let setup = created.record().setup.clone().expect("a setup record");
+    assert_eq!(
+        (setup.state, setup.step),
+        (SetupState::Succeeded, SetupStep::Setup)
+    );
+    assert_eq!(
+        (setup.exit_code, setup.output.as_str()),
+        (Some(0), "installing\n")
+    );
+    assert_eq!(created.record().status, Status::Ready);
+    let processes = host.fake.processes();
+    assert_eq!(processes.len(), 1);
+    assert_eq!(processes[0].machine, "demo");
+    assert!(!processes[0].throwaway);
+    assert_eq!(processes[0].stdin.as_deref(), Some(&b"make tools"[..]));
+}
+
+#[tokio::test]
+async fn a_failed_setup_is_unusable_with_its_exit_code_and_output() {
+    let host = Host::new().await;
+    host.fake.on_process(|_| FakeOutcome::Exit {
+        code: 3,
+        output: b"no such tool\n".to_vec(),
+    });
+    let created = host.create("demo", Some("install nothing")).await;
+    let record = created.record();
+    assert_eq!(record.status, Status::Unusable);
+    let setup = record.setup.as_ref().unwrap();
+    assert_eq!(setup.state, SetupState::Failed);
+    assert_eq!(
+        (setup.exit_code, setup.output.as_str()),
+        (Some(3), "no such tool\n")
+    );
+    assert_eq!(
+        host.row("acme", "demo").await.unwrap().status,
+        Status::Unusable
+    );
+}
+
+#[tokio::test]
+async fn a_setup_past_its_bound_is_unusable_and_timed_out() {
+    let host = Host::new().await;
+    host.fake.on_process(|_| FakeOutcome::TimedOut {
+        output: b"still going\n".to_vec(),
+    });
+    let created = host.create("demo", Some("sleep 1000")).await;
+    let setup = created.record().setup.clone().unwrap();
+    assert_eq!((setup.state, setup.exit_code), (SetupState::TimedOut, None));
+    assert_eq!(created.record().status, Status::Unusable);
+}
+
+#[tokio::test]
+async fn a_repeat_of_a_recorded_create_answers_as_it_stands_and_runs_nothing() {
+    let host = Host::new().await;
+    let first = host.create("demo", Some("make")).await;
+    let again = host.create("demo", Some("make")).await;
+    assert!(!again.is_new());
+    assert_eq!(again.record(), first.record());
+    assert_eq!(host.fake.calls(Op::CreateMachine), 1);
+    assert_eq!(host.fake.processes().len(), 1);
+}
+
+#[tokio::test]
+async fn a_repeat_with_another_setup_is_refused_and_changes_nothing() {
+    let host = Host::new().await;
+    host.create("demo", Some("make")).await;
+    let before = host.row("acme", "demo").await;
+    let refused = host.try_create(acme(), "demo", Some("make all")).await;
+    assert!(matches!(refused, Err(EnvironmentError::DifferentCreate(_))));
+    assert_eq!(host.row("acme", "demo").await, before);
+    assert_eq!(host.fake.processes().len(), 1);
+}
+
+#[tokio::test]
+async fn another_organisations_identifier_is_refused_without_showing_it() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    let refused = host.try_create(person("globex"), "demo", None).await;
+    assert!(matches!(refused, Err(EnvironmentError::IdInUse(_))));
+    assert!(host.row("globex", "demo").await.is_none());
+    assert_eq!(host.fake.calls(Op::CreateMachine), 1);
+}
+
+#[tokio::test]
+async fn a_repeat_while_the_first_is_provisioning_joins_it() {
+    let host = Host::new().await;
+    let stall = host.fake.stall(Op::Run);
+    let first = host.create_in_background("demo", Some("make"));
+    stall.reached().await;
+    let mut joined = host
+        .environments
+        .create_streamed(acme(), request("demo", Some("make")))
+        .await
+        .unwrap();
+    assert!(!joined.is_new(), "a joined create answers 200");
+    stall.release();
+    let mut seen = Vec::new();
+    while let Some(progress) = joined.next().await {
+        seen.push(progress);
+    }
+    assert!(seen.contains(&Progress::finished("setup")), "{seen:?}");
+    let joined = joined.outcome().await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert!(first.is_new() && !joined.is_new());
+    assert_eq!(joined.record(), first.record());
+    assert_eq!(host.fake.processes().len(), 1, "the setup ran once");
+}
+
+#[tokio::test]
+async fn a_streamed_create_reports_every_step_in_order_then_its_outcome() {
+    let host = Host::new().await;
+    host.fake.on_process(|_| FakeOutcome::Exit {
+        code: 0,
+        output: b"hi\n".to_vec(),
+    });
+    let mut run = host
+        .environments
+        .create_streamed(acme(), request("demo", Some("echo hi")))
+        .await
+        .unwrap();
+    assert!(run.is_new());
+    let mut seen = Vec::new();
+    while let Some(progress) = run.next().await {
+        seen.push(progress);
+    }
+    let output = Progress::Output {
+        step: "setup",
+        output: "hi\n".to_owned(),
+    };
+    let expected = [
+        Progress::started("image"),
+        Progress::finished("image"),
+        Progress::started("machine"),
+        Progress::finished("machine"),
+        Progress::started("setup"),
+        output,
+        Progress::finished("setup"),
+    ];
+    assert_eq!(seen, expected);
+    assert!(run.outcome().await.unwrap().is_new());
+}
+
+#[tokio::test]
+async fn an_unrecorded_setup_refuses_a_setup_carrying_create() {
+    let host = Host::new().await;
+    host.interrupted("demo", &digest('a'), Some(MachineState::Running))
+        .await;
+    let refused = host.try_create(acme(), "demo", Some("make")).await;
+    assert!(matches!(refused, Err(EnvironmentError::SetupUnrecorded(_))));
+    assert!(!host.row("acme", "demo").await.unwrap().setup_recorded);
+    assert!(host.fake.processes().is_empty());
+}
+
+#[tokio::test]
+async fn a_setup_less_create_adopts_an_interrupted_row_and_starts_its_stopped_machine() {
+    let host = Host::new().await;
+    host.interrupted("demo", &digest('a'), Some(MachineState::Stopped))
+        .await;
+    let adopted = host.create("demo", None).await;
+    assert!(!adopted.is_new());
+    let record = adopted.record();
+    assert_eq!(
+        (record.status, record.setup_recorded),
+        (Status::Ready, true)
+    );
+    assert_eq!(
+        (record.setup_script.as_deref(), &record.setup),
+        (None, &None)
+    );
+    assert_eq!(host.fake.calls(Op::Start), 1);
+    assert_eq!(host.machine("demo").unwrap().state, MachineState::Running);
+}
+
+#[tokio::test]
+async fn adopting_a_row_whose_machine_is_gone_remakes_it_from_the_pinned_digest() {
+    let host = Host::new().await;
+    host.interrupted("demo", &digest('a'), None).await;
+    host.fake.set_image_digest(digest('b'));
+    let adopted = host.create("demo", None).await;
+    assert_eq!(adopted.record().image_digest, digest('a'));
+    let spec = host
+        .fake
+        .machine_spec("demo")
+        .expect("the machine made again");
+    assert_eq!(spec.image.digest, digest('a'), "never a newer digest");
+}
+
+#[tokio::test]
+async fn a_setup_less_create_adopts_a_machine_the_store_does_not_know() {
+    let host = Host::new().await;
+    host.fake.add_machine(MachineInfo {
+        id: "demo".to_owned(),
+        digest: Some(digest('c')),
+        state: MachineState::Running,
+    });
+    let refused = host.try_create(acme(), "demo", Some("make")).await;
+    assert!(matches!(refused, Err(EnvironmentError::SetupUnrecorded(_))));
+    let adopted = host.create("demo", None).await;
+    assert!(!adopted.is_new());
+    assert_eq!(adopted.record().image_digest, digest('c'));
+    assert_eq!(host.fake.calls(Op::CreateMachine), 0);
+}
+
+/// After a create failed at `op`, nothing of it is left: no row, no machine, no workspace.
+async fn nothing_is_left(host: &Host) {
+    assert!(host.row("acme", "demo").await.is_none());
+    assert!(host.machine("demo").is_none());
+    assert!(!host.workspace_exists("demo"));
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_fetched_refuses_the_create_before_anything_is_made() {
+    let host = Host::new().await;
+    host.fake.fail_next(Op::EnsureImage, ErrorKind::Image);
+    let refused = host.try_create(acme(), "demo", Some("make")).await;
+    match refused {
+        Err(EnvironmentError::Runtime(e)) => assert_eq!(e.kind(), ErrorKind::Image),
+        other => panic!("expected an image failure, got {other:?}"),
+    }
+    nothing_is_left(&host).await;
+    assert_eq!(host.fake.calls(Op::CreateMachine), 0);
+}
+
+#[tokio::test]
+async fn a_machine_the_runtime_cannot_make_is_undone() {
+    let host = Host::new().await;
+    host.fake
+        .fail_next_after_effect(Op::CreateMachine, ErrorKind::Unavailable);
+    let refused = host.try_create(acme(), "demo", Some("make")).await;
+    assert!(
+        matches!(refused, Err(EnvironmentError::Runtime(ref e)) if e.kind() == ErrorKind::Unavailable)
+    );
+    nothing_is_left(&host).await;
+    assert!(host.fake.processes().is_empty());
+}
+
+#[tokio::test]
+async fn a_setup_the_runtime_could_not_run_is_undone() {
+    let host = Host::new().await;
+    host.fake.fail_next(Op::Run, ErrorKind::Unavailable);
+    let refused = host.try_create(acme(), "demo", Some("make")).await;
+    assert!(refused.is_err());
+    nothing_is_left(&host).await;
+    assert_eq!(host.fake.calls(Op::Remove), 1);
+}
+
+#[tokio::test]
+async fn an_undo_the_runtime_refuses_leaves_the_row_unrecorded_and_saying_why() {
+    let host = Host::new().await;
+    host.fake.fail_next(Op::Run, ErrorKind::Unavailable);
+    host.fake.fail_next(Op::Remove, ErrorKind::Unavailable);
+    let refused = host.try_create(acme(), "demo", Some("make")).await;
+    assert!(refused.is_err());
+    let row = host.row("acme", "demo").await.expect("the row stays");
+    assert!(!row.setup_recorded);
+    let detail = row.status_detail.unwrap_or_default();
+    assert!(detail.starts_with("provisioning failed: "), "{detail}");
+    assert!(host.machine("demo").is_some(), "the machine could not go");
+    let again = host.try_create(acme(), "demo", Some("make")).await;
+    assert!(matches!(again, Err(EnvironmentError::SetupUnrecorded(_))));
+}

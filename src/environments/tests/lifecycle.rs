@@ -1,0 +1,270 @@
+//! After a create: delete, replace, the reconciler's verdicts, and exec's refusals.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use narya_runtimes::testing::{FakeOutcome, Op};
+use narya_runtimes::{ErrorKind, MachineState};
+
+use super::{acme, digest, id, person, request, Host};
+use crate::environments::{EnvironmentError, ExecRequest, RUNTIME_UNREACHABLE};
+use crate::model::Status;
+
+impl Host {
+    async fn reconcile(&self) -> Result<(), String> {
+        self.environments.reconcile_once(&mut HashSet::new()).await
+    }
+
+    async fn status(&self, id: &str) -> (Status, Option<String>) {
+        let row = self.row("acme", id).await.expect("a row");
+        (row.status, row.status_detail)
+    }
+}
+
+fn command(argv: &[&str]) -> ExecRequest {
+    ExecRequest::validate(
+        argv.iter().map(|a| a.to_string()).collect(),
+        BTreeMap::new(),
+        None,
+        None,
+        None,
+        Duration::from_secs(60),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn delete_destroys_machine_workspace_and_row_of_its_organisation_only() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    let foreign = host.environments.delete(person("globex"), id("demo")).await;
+    assert!(matches!(foreign, Err(EnvironmentError::NotFound(_))));
+    assert!(host.machine("demo").is_some());
+
+    host.environments.delete(acme(), id("demo")).await.unwrap();
+    assert!(host.row("acme", "demo").await.is_none());
+    assert!(host.machine("demo").is_none());
+    assert!(!host.workspace_exists("demo"));
+    let again = host.environments.delete(acme(), id("demo")).await;
+    assert!(matches!(again, Err(EnvironmentError::NotFound(_))));
+}
+
+#[tokio::test]
+async fn a_delete_the_runtime_cannot_do_keeps_the_environment() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    host.fake.fail_next(Op::Remove, ErrorKind::Unavailable);
+    let refused = host.environments.delete(acme(), id("demo")).await;
+    assert!(matches!(refused, Err(EnvironmentError::Runtime(_))));
+    assert_eq!(host.status("demo").await.0, Status::Ready);
+    assert!(host.workspace_exists("demo"));
+}
+
+#[tokio::test]
+async fn a_delete_during_a_create_waits_for_it_then_removes_what_it_made() {
+    let host = Host::new().await;
+    let stall = host.fake.stall(Op::Run);
+    let create = host.create_in_background("demo", Some("make"));
+    stall.reached().await;
+    let environments = host.environments.clone();
+    let delete = tokio::spawn(async move { environments.delete(acme(), id("demo")).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !delete.is_finished(),
+        "the delete waits for the create's lock"
+    );
+    assert_eq!(host.fake.calls(Op::Remove), 0);
+    stall.release();
+    assert!(create.await.unwrap().unwrap().is_new());
+    delete.await.unwrap().unwrap();
+    assert!(host.row("acme", "demo").await.is_none());
+    assert!(host.machine("demo").is_none());
+}
+
+#[tokio::test]
+async fn a_lost_machine_is_gone_and_replace_remakes_it_from_the_pinned_digest() {
+    let host = Host::new().await;
+    let pinned = host
+        .create("demo", Some("make"))
+        .record()
+        .image_digest
+        .clone();
+    host.fake.set_image_digest(digest('f'));
+    host.fake.lose_machine("demo");
+    host.reconcile().await.unwrap();
+    assert_eq!(host.status("demo").await.0, Status::Gone);
+
+    let replaced = host.environments.replace(acme(), id("demo")).await.unwrap();
+    assert_eq!(replaced.status, Status::Ready);
+    assert_eq!(replaced.image_digest, pinned);
+    assert_eq!(host.fake.machine_spec("demo").unwrap().image.digest, pinned);
+    let scripts: Vec<_> = host.fake.processes().into_iter().map(|p| p.stdin).collect();
+    assert_eq!(scripts, [Some(b"make".to_vec()), Some(b"make".to_vec())]);
+    assert_eq!(host.status("demo").await, (Status::Ready, None));
+}
+
+#[tokio::test]
+async fn replace_refuses_an_environment_that_is_not_gone() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    let refused = host.environments.replace(acme(), id("demo")).await;
+    assert!(matches!(
+        refused,
+        Err(EnvironmentError::NotGone {
+            status: Status::Ready,
+            ..
+        })
+    ));
+    assert_eq!(host.fake.calls(Op::CreateMachine), 1);
+}
+
+#[tokio::test]
+async fn a_replace_whose_setup_fails_is_unusable() {
+    let host = Host::new().await;
+    host.create("demo", Some("make")).await;
+    host.fake.lose_machine("demo");
+    host.reconcile().await.unwrap();
+    host.fake.on_process(|_| FakeOutcome::Exit {
+        code: 1,
+        output: b"the mirror is down\n".to_vec(),
+    });
+    let replaced = host.environments.replace(acme(), id("demo")).await.unwrap();
+    assert_eq!(replaced.status, Status::Unusable);
+    assert_eq!(host.status("demo").await.0, Status::Unusable);
+}
+
+#[tokio::test]
+async fn the_reconciler_starts_a_stopped_machine_again() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    host.fake.stop_machine("demo");
+    host.reconcile().await.unwrap();
+    assert_eq!(host.fake.calls(Op::Start), 1);
+    assert_eq!(host.machine("demo").unwrap().state, MachineState::Running);
+    assert_eq!(host.status("demo").await, (Status::Ready, None));
+}
+
+#[tokio::test]
+async fn a_runtime_away_degrades_every_recorded_environment_until_it_answers() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    host.fake.on_process(|_| FakeOutcome::Exit {
+        code: 1,
+        output: Vec::new(),
+    });
+    host.create("broken", Some("false")).await;
+    host.fake.set_down(true);
+    assert!(host.reconcile().await.is_err());
+    assert_eq!(
+        host.status("demo").await,
+        (Status::Degraded, Some(RUNTIME_UNREACHABLE.to_owned()))
+    );
+    assert_eq!(
+        host.status("broken").await.0,
+        Status::Unusable,
+        "unusable stays"
+    );
+    host.fake.set_down(false);
+    host.reconcile().await.unwrap();
+    assert_eq!(host.status("demo").await, (Status::Ready, None));
+}
+
+#[tokio::test]
+async fn the_reconciler_leaves_an_environment_being_created_alone() {
+    let host = Host::new().await;
+    let stall = host.fake.stall(Op::Run);
+    let create = host.create_in_background("demo", Some("make"));
+    stall.reached().await;
+    host.reconcile().await.unwrap();
+    let row = host.row("acme", "demo").await.unwrap();
+    assert_eq!((row.status, row.setup_recorded), (Status::Degraded, false));
+    stall.release();
+    assert_eq!(
+        create.await.unwrap().unwrap().record().status,
+        Status::Ready
+    );
+}
+
+#[tokio::test]
+async fn a_create_a_daemon_stop_interrupted_reads_unusable_after_a_restart() {
+    let host = Host::new().await;
+    host.interrupted("demo", &digest('a'), Some(MachineState::Running))
+        .await;
+    host.environments.mark_interrupted().await.unwrap();
+    let row = host.row("acme", "demo").await.unwrap();
+    assert_eq!((row.status, row.setup_recorded), (Status::Unusable, false));
+    host.reconcile().await.unwrap();
+    assert_eq!(host.status("demo").await.0, Status::Unusable);
+}
+
+#[tokio::test]
+async fn exec_runs_in_a_ready_environment_and_refuses_every_other() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    host.fake.on_process(|p| FakeOutcome::Exit {
+        code: 7,
+        output: p.argv.join(" ").into_bytes(),
+    });
+    let run = host
+        .environments
+        .exec(&acme(), id("demo"), command(&["echo", "hi"]))
+        .await
+        .unwrap();
+    let outcome = run.outcome().await.unwrap();
+    assert_eq!(
+        (outcome.exit_code, outcome.output),
+        (Some(7), b"echo hi".to_vec())
+    );
+
+    let foreign = host
+        .environments
+        .exec(&person("globex"), id("demo"), command(&["true"]))
+        .await;
+    assert!(matches!(foreign, Err(EnvironmentError::NotFound(_))));
+
+    host.fake.lose_machine("demo");
+    let lost = host
+        .environments
+        .exec(&acme(), id("demo"), command(&["true"]))
+        .await
+        .unwrap()
+        .outcome()
+        .await;
+    assert!(matches!(
+        lost,
+        Err(EnvironmentError::NoRunningMachine { .. })
+    ));
+    host.reconcile().await.unwrap();
+    let gone = host
+        .environments
+        .exec(&acme(), id("demo"), command(&["true"]))
+        .await;
+    assert!(matches!(
+        gone,
+        Err(EnvironmentError::NotReady {
+            status: Status::Gone,
+            ..
+        })
+    ));
+}
+
+#[tokio::test]
+async fn exec_output_arrives_as_text_before_the_outcome() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    host.fake.on_process(|_| FakeOutcome::Exit {
+        code: 0,
+        output: "héllo\n".as_bytes().to_vec(),
+    });
+    let mut run = host
+        .environments
+        .exec(&acme(), id("demo"), command(&["greet"]))
+        .await
+        .unwrap();
+    let mut text = String::new();
+    while let Some(chunk) = run.next_output().await {
+        text.push_str(&chunk);
+    }
+    assert_eq!(text, "héllo\n");
+    assert_eq!(run.outcome().await.unwrap().exit_code, Some(0));
+}

@@ -1,0 +1,166 @@
+//! The create/delete/replace/reconcile state machine on the fake runtime: every path a real
+//! back end would take seconds (and root) to reach, in milliseconds. The fake stands in for no
+//! back end; the real ones are exercised end to end in `tests/`.
+
+mod create;
+mod lifecycle;
+
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+use narya_runtimes::testing::FakeRuntime;
+use narya_runtimes::{MachineInfo, MachineState};
+
+use tokio::task::JoinHandle;
+
+use super::{CreateRequest, Created, EnvironmentError, Environments};
+use crate::auth::Principal;
+use crate::config::Config;
+use crate::model::{Digest, EnvironmentId};
+use crate::organisation::Organisations;
+use crate::store::{EnvironmentRecord, Store};
+
+/// A host with a fake runtime, a real store and real workspaces in a temporary directory.
+struct Host {
+    environments: Arc<Environments>,
+    fake: Arc<FakeRuntime>,
+    store: Store,
+    config: Arc<Config>,
+    _dir: tempfile::TempDir,
+}
+
+impl Host {
+    async fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        // Workspaces are chowned to the environment's user: ourselves, so no root is needed.
+        let me = std::fs::metadata(dir.path()).unwrap();
+        let config = Config::parse(&format!(
+            "state_dir = {state:?}\n\n[identity]\nissuer = \"https://id.test\"\naudience = \"narya\"\n\n\
+             [environment]\nuser = \"{uid}:{gid}\"\nworkspace = \"/workspace\"\n",
+            state = dir.path().join("state").display().to_string(),
+            uid = me.uid(),
+            gid = me.gid(),
+        ))
+        .unwrap();
+        let config = Arc::new(config);
+        let store = Store::open(&config.database_path()).await.unwrap();
+        let fake = Arc::new(FakeRuntime::new());
+        let organisations = Arc::new(Organisations::new(store.clone(), None));
+        let environments = Arc::new(Environments::new(
+            store.clone(),
+            fake.clone(),
+            config.clone(),
+            organisations,
+        ));
+        Host {
+            environments,
+            fake,
+            store,
+            config,
+            _dir: dir,
+        }
+    }
+
+    /// Creates `id` for acme; the create must be answered.
+    async fn create(&self, id: &str, setup: Option<&str>) -> Created {
+        self.try_create(acme(), id, setup).await.unwrap()
+    }
+
+    async fn try_create(
+        &self,
+        principal: Principal,
+        id: &str,
+        setup: Option<&str>,
+    ) -> Result<Created, EnvironmentError> {
+        self.environments
+            .create(principal, request(id, setup))
+            .await
+    }
+
+    /// A create of `id` for acme in a task of its own, to be held at a stall.
+    fn create_in_background(
+        &self,
+        id: &str,
+        setup: Option<&str>,
+    ) -> JoinHandle<Result<Created, EnvironmentError>> {
+        let environments = self.environments.clone();
+        let request = request(id, setup);
+        tokio::spawn(async move { environments.create(acme(), request).await })
+    }
+
+    async fn row(&self, organisation: &str, id: &str) -> Option<EnvironmentRecord> {
+        self.store
+            .get(organisation, &id.parse().unwrap())
+            .await
+            .unwrap()
+    }
+
+    fn workspace_exists(&self, id: &str) -> bool {
+        self.config.workspaces_dir().join(id).exists()
+    }
+
+    fn machine(&self, id: &str) -> Option<MachineInfo> {
+        self.fake.machines().into_iter().find(|m| m.id == id)
+    }
+
+    /// Leaves `id` as a daemon that died mid-create would: a row whose setup state was never
+    /// recorded, pinned to `digest`, and (when `machine` says so) a machine in that state.
+    async fn interrupted(&self, id: &str, digest: &Digest, machine: Option<MachineState>) {
+        let mut row = row_for(id, "acme", digest);
+        row.setup_recorded = false;
+        row.setup_script = Some("make".to_owned());
+        row.status = crate::model::Status::Degraded;
+        row.status_detail = Some(super::PROVISIONING.to_owned());
+        self.store.insert(&row).await.unwrap();
+        if let Some(state) = machine {
+            self.fake.add_machine(MachineInfo {
+                id: id.to_owned(),
+                digest: Some(digest.clone()),
+                state,
+            });
+        }
+    }
+}
+
+fn row_for(id: &str, organisation: &str, digest: &Digest) -> EnvironmentRecord {
+    EnvironmentRecord {
+        id: id.parse().unwrap(),
+        organisation: organisation.to_owned(),
+        person: "someone".to_owned(),
+        fingerprint: super::fingerprint(None, None),
+        setup_script: None,
+        repository: None,
+        image_digest: digest.clone(),
+        setup_recorded: true,
+        status: crate::model::Status::Ready,
+        status_detail: None,
+        setup: None,
+        created_at: "2026-12-01T00:00:00Z".to_owned(),
+        updated_at: "2026-12-01T00:00:00Z".to_owned(),
+    }
+}
+
+fn person(organisation: &str) -> Principal {
+    Principal {
+        person: "alice".to_owned(),
+        organisation: organisation.to_owned(),
+    }
+}
+
+fn acme() -> Principal {
+    person("acme")
+}
+
+fn request(id: &str, setup: Option<&str>) -> CreateRequest {
+    CreateRequest::validate(id, setup.map(str::to_owned), None).unwrap()
+}
+
+fn id(text: &str) -> EnvironmentId {
+    text.parse().unwrap()
+}
+
+fn digest(fill: char) -> Digest {
+    format!("sha256:{}", fill.to_string().repeat(64))
+        .parse()
+        .unwrap()
+}
