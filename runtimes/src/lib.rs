@@ -17,6 +17,8 @@ pub mod docker;
 pub mod fetch;
 pub mod host;
 pub mod output;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 /// The label every Narya machine carries, valued with its environment id.
 pub const LABEL_ENVIRONMENT: &str = "dev.narya.environment";
