@@ -121,7 +121,14 @@ impl Environments {
                     match self.runtime.start(row.id.as_str()).await {
                         Ok(()) => {
                             tracing::info!(environment.id = %row.id, "stopped machine started again");
-                            self.settle(row, Status::Ready, None).await;
+                            // Judged against the row as it now reads (degraded), not as this
+                            // pass found it (ready), or the restart would stay unrecorded.
+                            let restarting = EnvironmentRecord {
+                                status: Status::Degraded,
+                                status_detail: Some(RESTARTING.to_owned()),
+                                ..row.clone()
+                            };
+                            self.settle(&restarting, Status::Ready, None).await;
                         }
                         Err(e) => {
                             tracing::warn!(environment.id = %row.id, error = %e, "could not start a stopped machine; retrying")
