@@ -4,7 +4,7 @@ use narya_runtimes::testing::{FakeOutcome, Op};
 use narya_runtimes::{ErrorKind, MachineInfo, MachineState};
 
 use super::{acme, digest, person, request, Host};
-use crate::environments::{Created, EnvironmentError, Progress};
+use crate::environments::{EnvironmentError, Progress};
 use crate::model::{SetupState, SetupStep, Status};
 
 #[tokio::test]

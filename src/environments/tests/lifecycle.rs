@@ -6,7 +6,7 @@ use std::time::Duration;
 use narya_runtimes::testing::{FakeOutcome, Op};
 use narya_runtimes::{ErrorKind, MachineState};
 
-use super::{acme, digest, id, person, request, Host};
+use super::{acme, digest, id, person, Host};
 use crate::environments::{EnvironmentError, ExecRequest, RUNTIME_UNREACHABLE};
 use crate::model::Status;
 
@@ -86,6 +86,7 @@ async fn a_lost_machine_is_gone_and_replace_remakes_it_from_the_pinned_digest() 
     let host = Host::new().await;
     let pinned = host
         .create("demo", Some("make"))
+        .await
         .record()
         .image_digest
         .clone();
