@@ -4,6 +4,7 @@ mod environments;
 mod error;
 mod extract;
 mod organisation;
+pub mod routes;
 mod stream;
 pub mod types;
 
@@ -85,17 +86,20 @@ async fn openapi_document(_principal: crate::auth::Principal) -> impl IntoRespon
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route(
-            "/v1/environments",
+            routes::ENVIRONMENTS,
             post(environments::create).get(environments::list),
         )
         .route(
-            "/v1/environments/{id}",
+            routes::ENVIRONMENT,
             get(environments::get).delete(environments::delete),
         )
-        .route("/v1/environments/{id}/exec", post(environments::exec))
-        .route("/v1/environments/{id}/replace", post(environments::replace))
-        .route("/v1/organisation/github", put(organisation::connect_github))
-        .route("/v1/openapi.json", get(openapi_document))
+        .route(routes::ENVIRONMENT_EXEC, post(environments::exec))
+        .route(routes::ENVIRONMENT_REPLACE, post(environments::replace))
+        .route(
+            routes::ORGANISATION_GITHUB,
+            put(organisation::connect_github),
+        )
+        .route(routes::OPENAPI, get(openapi_document))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))

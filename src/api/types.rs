@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 use crate::store::{EnvironmentRecord, SetupRecord};
 
 /// Request to provision an environment. No image is named: there is one official image.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateBody {
     /// The environment's identifier, unique on this host; one path segment.
@@ -22,6 +22,7 @@ pub struct CreateBody {
     /// A script run once inside the new environment, bounded in time, as the unprivileged user,
     /// in the workspace.
     #[schema(max_length = 65536)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub setup: Option<String>,
     /// A repository the organisation selected when it installed Narya's GitHub App.
     #[schema(
@@ -29,6 +30,7 @@ pub struct CreateBody {
         pattern = "^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
         example = "acme/app"
     )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub repository: Option<String>,
 }
 
@@ -85,18 +87,21 @@ pub struct EnvironmentList {
 }
 
 /// A command to run in a ready environment.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
     #[schema(example = json!(["bash", "-lc", "make test"]))]
     pub argv: Vec<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Defaults to the workspace.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
     /// Defaults to, and may not exceed, `environment.exec_timeout`.
     #[schema(example = "10m")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
 }
 
@@ -111,7 +116,7 @@ pub struct ExecResult {
 }
 
 /// The organisation's GitHub App installation.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectGitHubBody {
     pub installation_id: u64,

@@ -1,14 +1,16 @@
 //! The daemon's TOML configuration: one strict serde struct with the contract's defaults.
 
-use std::fmt;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
-use std::time::Duration;
+mod sections;
+mod values;
 
-use narya_oci::ImageReference;
-use narya_runtimes::{Network, User};
-use serde::{Deserialize, Deserializer};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub use sections::{
+    Algorithm, Backend, EnvironmentConfig, GitHub, Identity, Image, Listen, RuntimeConfig,
+};
+pub use values::{parse_duration, parse_user, HumanDuration};
 
 /// Where `naryad` looks when neither `--config` nor `NARYA_CONFIG` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/narya/naryad.toml";
@@ -43,282 +45,8 @@ pub struct Config {
     pub github: Option<GitHub>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Listen {
-    #[serde(default = "default_socket")]
-    pub socket: PathBuf,
-    pub tcp: Option<SocketAddr>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Identity {
-    pub issuer: String,
-    pub audience: String,
-    pub jwks_uri: Option<String>,
-    #[serde(default = "default_person_claim")]
-    pub person_claim: String,
-    #[serde(default = "default_organisation_claim")]
-    pub organisation_claim: String,
-    #[serde(default = "default_algorithms")]
-    pub algorithms: Vec<Algorithm>,
-    #[serde(default = "default_leeway")]
-    pub leeway: HumanDuration,
-}
-
-/// An asymmetric JWS algorithm; symmetric ones and `none` cannot be configured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-pub enum Algorithm {
-    RS256,
-    RS384,
-    RS512,
-    PS256,
-    PS384,
-    PS512,
-    ES256,
-    ES384,
-    EdDSA,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    Containerd,
-    Docker,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuntimeConfig {
-    #[serde(default = "default_backend")]
-    pub backend: Backend,
-    #[serde(default = "default_containerd_socket")]
-    pub containerd_socket: PathBuf,
-    #[serde(default = "default_containerd_namespace")]
-    pub containerd_namespace: String,
-    #[serde(default = "default_snapshotter")]
-    pub snapshotter: String,
-    #[serde(default = "default_docker_socket")]
-    pub docker_socket: PathBuf,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Image {
-    #[serde(default = "default_image_reference", deserialize_with = "from_str")]
-    pub reference: ImageReference,
-    #[serde(default)]
-    pub insecure_registries: Vec<String>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EnvironmentConfig {
-    #[serde(default = "default_user", deserialize_with = "user")]
-    pub user: User,
-    #[serde(default = "default_workspace")]
-    pub workspace: String,
-    #[serde(default = "default_network", deserialize_with = "network")]
-    pub network: Network,
-    #[serde(default = "default_setup_timeout")]
-    pub setup_timeout: HumanDuration,
-    #[serde(default = "default_clone_timeout")]
-    pub clone_timeout: HumanDuration,
-    #[serde(default = "default_output_limit")]
-    pub output_limit: usize,
-    #[serde(default = "default_exec_timeout")]
-    pub exec_timeout: HumanDuration,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GitHub {
-    pub app_id: u64,
-    pub private_key: PathBuf,
-    #[serde(default = "default_github_api_url")]
-    pub api_url: String,
-    #[serde(default = "default_github_git_url")]
-    pub git_url: String,
-    #[serde(default = "default_github_connect_url")]
-    pub connect_url: String,
-}
-
-/// A duration written as a string such as `"90s"` or `"15m"`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct HumanDuration(pub Duration);
-
-impl fmt::Debug for HumanDuration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_duration(self.0))
-    }
-}
-
-impl<'de> Deserialize<'de> for HumanDuration {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        parse_duration(&text)
-            .map(HumanDuration)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// Parses `"90s"`, `"15m"`, `"1h 30m"`; a bare number or an unknown unit is an error.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim()).map_err(|e| {
-        format!(
-            "invalid duration {text:?} ({e}); write a number with a unit, e.g. \"90s\" or \"15m\""
-        )
-    })
-}
-
-fn from_str<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: FromStr,
-    T::Err: fmt::Display,
-{
-    let text = String::deserialize(deserializer)?;
-    text.parse().map_err(serde::de::Error::custom)
-}
-
-/// Parses `"UID:GID"`.
-pub fn parse_user(text: &str) -> Result<User, String> {
-    let err = || format!("invalid user {text:?}; write numeric \"uid:gid\", e.g. \"1000:1000\"");
-    let (uid, gid) = text.split_once(':').ok_or_else(err)?;
-    Ok(User {
-        uid: uid.parse().map_err(|_| err())?,
-        gid: gid.parse().map_err(|_| err())?,
-    })
-}
-
-fn user<'de, D: Deserializer<'de>>(deserializer: D) -> Result<User, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    parse_user(&text).map_err(serde::de::Error::custom)
-}
-
-fn network<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Network, D::Error> {
-    match String::deserialize(deserializer)?.as_str() {
-        "host" => Ok(Network::Host),
-        "none" => Ok(Network::None),
-        other => Err(serde::de::Error::custom(format!(
-            "invalid network {other:?}; expected \"host\" or \"none\""
-        ))),
-    }
-}
-
 fn default_state_dir() -> PathBuf {
     PathBuf::from("/var/lib/narya")
-}
-fn default_socket() -> PathBuf {
-    PathBuf::from(DEFAULT_SOCKET)
-}
-fn default_person_claim() -> String {
-    "sub".to_owned()
-}
-fn default_organisation_claim() -> String {
-    "org".to_owned()
-}
-fn default_algorithms() -> Vec<Algorithm> {
-    vec![Algorithm::RS256, Algorithm::ES256]
-}
-fn default_leeway() -> HumanDuration {
-    HumanDuration(Duration::from_secs(30))
-}
-fn default_backend() -> Backend {
-    Backend::Containerd
-}
-fn default_containerd_socket() -> PathBuf {
-    PathBuf::from("/run/containerd/containerd.sock")
-}
-fn default_containerd_namespace() -> String {
-    "narya".to_owned()
-}
-fn default_snapshotter() -> String {
-    "overlayfs".to_owned()
-}
-fn default_docker_socket() -> PathBuf {
-    PathBuf::from("/var/run/docker.sock")
-}
-fn default_image_reference() -> ImageReference {
-    ImageReference::Layout(PathBuf::from("/var/lib/narya/images/official"))
-}
-fn default_user() -> User {
-    User {
-        uid: 1000,
-        gid: 1000,
-    }
-}
-fn default_workspace() -> String {
-    "/workspace".to_owned()
-}
-fn default_network() -> Network {
-    Network::Host
-}
-fn default_setup_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(15 * 60))
-}
-fn default_clone_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(10 * 60))
-}
-fn default_output_limit() -> usize {
-    65536
-}
-fn default_exec_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(30 * 60))
-}
-fn default_github_api_url() -> String {
-    "https://api.github.com".to_owned()
-}
-fn default_github_git_url() -> String {
-    "https://github.com".to_owned()
-}
-fn default_github_connect_url() -> String {
-    "https://github.com/apps/narya/installations/new".to_owned()
-}
-
-impl Default for Listen {
-    fn default() -> Self {
-        Listen {
-            socket: default_socket(),
-            tcp: None,
-        }
-    }
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        RuntimeConfig {
-            backend: default_backend(),
-            containerd_socket: default_containerd_socket(),
-            containerd_namespace: default_containerd_namespace(),
-            snapshotter: default_snapshotter(),
-            docker_socket: default_docker_socket(),
-        }
-    }
-}
-
-impl Default for Image {
-    fn default() -> Self {
-        Image {
-            reference: default_image_reference(),
-            insecure_registries: Vec::new(),
-        }
-    }
-}
-
-impl Default for EnvironmentConfig {
-    fn default() -> Self {
-        EnvironmentConfig {
-            user: default_user(),
-            workspace: default_workspace(),
-            network: default_network(),
-            setup_timeout: default_setup_timeout(),
-            clone_timeout: default_clone_timeout(),
-            output_limit: default_output_limit(),
-            exec_timeout: default_exec_timeout(),
-        }
-    }
 }
 
 impl Config {
@@ -401,6 +129,10 @@ fn describe_toml_error(e: &toml::de::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use narya_runtimes::{Network, User};
+
     use super::*;
 
     const MINIMAL: &str = r#"
@@ -448,7 +180,7 @@ audience = "narya"
 
     #[test]
     fn example_configuration_in_contrib_parses() {
-        let text = include_str!("../contrib/naryad.example.toml");
+        let text = include_str!("../../contrib/naryad.example.toml");
         let c = Config::parse(text).unwrap();
         assert_eq!(c.listen.tcp, Some("127.0.0.1:7070".parse().unwrap()));
         assert!(c.github.is_some());

@@ -1,53 +1,15 @@
-//! A small HTTP/1.1 client for the daemon's API over its unix socket or TCP.
-
-use std::path::PathBuf;
+//! The raw HTTP/1.1 exchange underneath the typed calls: one request per connection.
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tokio::net::{TcpStream, UnixStream};
 
+use super::{Client, ClientError, Endpoint};
 use crate::api::ErrorBody;
-
-/// Where the daemon listens.
-#[derive(Clone, Debug)]
-pub enum Endpoint {
-    Unix(PathBuf),
-    /// `host:port`, from a `http://host:port` URL.
-    Tcp(String),
-}
-
-impl Endpoint {
-    /// Parses `http://HOST:PORT` (a trailing `/` allowed); other schemes are refused.
-    pub fn from_url(url: &str) -> Result<Endpoint, String> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("{url:?}: only http://HOST:PORT URLs are supported"))?;
-        let authority = rest.trim_end_matches('/');
-        if authority.is_empty() || authority.contains('/') {
-            return Err(format!("{url:?}: give http://HOST:PORT without a path"));
-        }
-        Ok(Endpoint::Tcp(authority.to_owned()))
-    }
-}
-
-impl std::fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Endpoint::Unix(p) => write!(f, "{}", p.display()),
-            Endpoint::Tcp(a) => write!(f, "http://{a}"),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("cannot reach naryad at {endpoint}: {reason}")]
-    Connect { endpoint: String, reason: String },
-    #[error("talking to naryad at {endpoint} failed: {reason}")]
-    Http { endpoint: String, reason: String },
-}
 
 /// An answer, whole.
 #[derive(Debug)]
@@ -64,6 +26,32 @@ impl Answer {
             return None;
         }
         serde_json::from_slice(&self.body).ok()
+    }
+
+    /// The answer when it is a success; otherwise the daemon's error.
+    pub(super) fn success(self) -> Result<Answer, ClientError> {
+        if self.status.is_success() {
+            return Ok(self);
+        }
+        Err(match self.error() {
+            Some(error) => ClientError::Api {
+                status: self.status,
+                error,
+            },
+            None => ClientError::Unexpected {
+                status: self.status,
+                body: String::from_utf8_lossy(&self.body).into_owned(),
+            },
+        })
+    }
+
+    /// The body read as the operation's answer, `expected` naming it for the error.
+    pub(super) fn decode<T: DeserializeOwned>(
+        &self,
+        expected: &'static str,
+    ) -> Result<T, ClientError> {
+        serde_json::from_slice(&self.body)
+            .map_err(|source| ClientError::Decode { expected, source })
     }
 }
 
@@ -106,6 +94,38 @@ impl Streamed {
         }
     }
 
+    /// The next line read as JSON; `None` at the end.
+    pub(super) async fn next_json(&mut self) -> Result<Option<serde_json::Value>, ClientError> {
+        let Some(line) = self.next_line().await? else {
+            return Ok(None);
+        };
+        match serde_json::from_str(&line) {
+            Ok(value) => Ok(Some(value)),
+            Err(source) => Err(ClientError::NotJson { line, source }),
+        }
+    }
+
+    /// The answer when the daemon streams it; otherwise (an error found before anything started,
+    /// answered as plain JSON) the daemon's error.
+    pub(super) async fn into_stream(self) -> Result<Streamed, ClientError> {
+        if self.streaming {
+            return Ok(self);
+        }
+        let status = self.status;
+        let body = self.rest().await?;
+        let answer = Answer {
+            status,
+            headers: Default::default(),
+            body,
+        };
+        // A plain success to a streamed request is no stream either.
+        let answer = answer.success()?;
+        Err(ClientError::Unexpected {
+            status,
+            body: String::from_utf8_lossy(&answer.body).into_owned(),
+        })
+    }
+
     /// Everything left, as one body (for plain JSON answers).
     pub async fn rest(mut self) -> Result<Bytes, ClientError> {
         let mut all = std::mem::take(&mut self.buffer);
@@ -122,17 +142,9 @@ impl Streamed {
     }
 }
 
-#[derive(Clone, Debug)]
-pub struct Client {
-    endpoint: Endpoint,
-    token: Option<String>,
-}
-
+/// The raw requests underneath, public for what the typed methods cannot say (tests send
+/// malformed bodies and unknown routes).
 impl Client {
-    pub fn new(endpoint: Endpoint, token: Option<String>) -> Client {
-        Client { endpoint, token }
-    }
-
     /// Sends one request on a fresh connection and reads the whole answer.
     pub async fn send(
         &self,
@@ -158,11 +170,11 @@ impl Client {
 
     /// Sends `value` as a JSON body asking for an NDJSON stream; the answer's lines can be read
     /// as they arrive.
-    pub async fn stream_json(
+    pub async fn stream_json<T: Serialize + ?Sized>(
         &self,
         method: Method,
         path: &str,
-        value: &serde_json::Value,
+        value: &T,
     ) -> Result<Streamed, ClientError> {
         let body = serde_json::to_vec(value).map_err(|e| self.http_error(e))?;
         let response = self
@@ -224,11 +236,11 @@ impl Client {
     }
 
     /// Sends `value` as a JSON body.
-    pub async fn send_json(
+    pub async fn send_json<T: Serialize + ?Sized>(
         &self,
         method: Method,
         path: &str,
-        value: &serde_json::Value,
+        value: &T,
     ) -> Result<Answer, ClientError> {
         let body = serde_json::to_vec(value).map_err(|e| self.http_error(e))?;
         self.send(method, path, Some(body)).await

@@ -1,0 +1,224 @@
+//! The configuration's sections (`[listen]`, `[identity]`, `[runtime]`, …) and their defaults.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use narya_oci::ImageReference;
+use narya_runtimes::{Network, User};
+use serde::Deserialize;
+
+use super::values::{from_str, network, user, HumanDuration};
+use super::DEFAULT_SOCKET;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listen {
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    pub tcp: Option<SocketAddr>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_uri: Option<String>,
+    #[serde(default = "default_person_claim")]
+    pub person_claim: String,
+    #[serde(default = "default_organisation_claim")]
+    pub organisation_claim: String,
+    #[serde(default = "default_algorithms")]
+    pub algorithms: Vec<Algorithm>,
+    #[serde(default = "default_leeway")]
+    pub leeway: HumanDuration,
+}
+
+/// An asymmetric JWS algorithm; symmetric ones and `none` cannot be configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum Algorithm {
+    RS256,
+    RS384,
+    RS512,
+    PS256,
+    PS384,
+    PS512,
+    ES256,
+    ES384,
+    EdDSA,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Containerd,
+    Docker,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    #[serde(default = "default_backend")]
+    pub backend: Backend,
+    #[serde(default = "default_containerd_socket")]
+    pub containerd_socket: PathBuf,
+    #[serde(default = "default_containerd_namespace")]
+    pub containerd_namespace: String,
+    #[serde(default = "default_snapshotter")]
+    pub snapshotter: String,
+    #[serde(default = "default_docker_socket")]
+    pub docker_socket: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    #[serde(default = "default_image_reference", deserialize_with = "from_str")]
+    pub reference: ImageReference,
+    #[serde(default)]
+    pub insecure_registries: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentConfig {
+    #[serde(default = "default_user", deserialize_with = "user")]
+    pub user: User,
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    #[serde(default = "default_network", deserialize_with = "network")]
+    pub network: Network,
+    #[serde(default = "default_setup_timeout")]
+    pub setup_timeout: HumanDuration,
+    #[serde(default = "default_clone_timeout")]
+    pub clone_timeout: HumanDuration,
+    #[serde(default = "default_output_limit")]
+    pub output_limit: usize,
+    #[serde(default = "default_exec_timeout")]
+    pub exec_timeout: HumanDuration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitHub {
+    pub app_id: u64,
+    pub private_key: PathBuf,
+    #[serde(default = "default_github_api_url")]
+    pub api_url: String,
+    #[serde(default = "default_github_git_url")]
+    pub git_url: String,
+    #[serde(default = "default_github_connect_url")]
+    pub connect_url: String,
+}
+
+fn default_socket() -> PathBuf {
+    PathBuf::from(DEFAULT_SOCKET)
+}
+fn default_person_claim() -> String {
+    "sub".to_owned()
+}
+fn default_organisation_claim() -> String {
+    "org".to_owned()
+}
+fn default_algorithms() -> Vec<Algorithm> {
+    vec![Algorithm::RS256, Algorithm::ES256]
+}
+fn default_leeway() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+fn default_backend() -> Backend {
+    Backend::Containerd
+}
+fn default_containerd_socket() -> PathBuf {
+    PathBuf::from("/run/containerd/containerd.sock")
+}
+fn default_containerd_namespace() -> String {
+    "narya".to_owned()
+}
+fn default_snapshotter() -> String {
+    "overlayfs".to_owned()
+}
+fn default_docker_socket() -> PathBuf {
+    PathBuf::from("/var/run/docker.sock")
+}
+fn default_image_reference() -> ImageReference {
+    ImageReference::Layout(PathBuf::from("/var/lib/narya/images/official"))
+}
+fn default_user() -> User {
+    User {
+        uid: 1000,
+        gid: 1000,
+    }
+}
+fn default_workspace() -> String {
+    "/workspace".to_owned()
+}
+fn default_network() -> Network {
+    Network::Host
+}
+fn default_setup_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(15 * 60))
+}
+fn default_clone_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10 * 60))
+}
+fn default_output_limit() -> usize {
+    65536
+}
+fn default_exec_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30 * 60))
+}
+fn default_github_api_url() -> String {
+    "https://api.github.com".to_owned()
+}
+fn default_github_git_url() -> String {
+    "https://github.com".to_owned()
+}
+fn default_github_connect_url() -> String {
+    "https://github.com/apps/narya/installations/new".to_owned()
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Listen {
+            socket: default_socket(),
+            tcp: None,
+        }
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            backend: default_backend(),
+            containerd_socket: default_containerd_socket(),
+            containerd_namespace: default_containerd_namespace(),
+            snapshotter: default_snapshotter(),
+            docker_socket: default_docker_socket(),
+        }
+    }
+}
+
+impl Default for Image {
+    fn default() -> Self {
+        Image {
+            reference: default_image_reference(),
+            insecure_registries: Vec::new(),
+        }
+    }
+}
+
+impl Default for EnvironmentConfig {
+    fn default() -> Self {
+        EnvironmentConfig {
+            user: default_user(),
+            workspace: default_workspace(),
+            network: default_network(),
+            setup_timeout: default_setup_timeout(),
+            clone_timeout: default_clone_timeout(),
+            output_limit: default_output_limit(),
+            exec_timeout: default_exec_timeout(),
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Values written as TOML strings: durations, `uid:gid` users, networks, parsed references.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use narya_runtimes::{Network, User};
+use serde::{Deserialize, Deserializer};
+
+/// A duration written as a string such as `"90s"` or `"15m"`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl fmt::Debug for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `"90s"`, `"15m"`, `"1h 30m"`; a bare number or an unknown unit is an error.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        format!(
+            "invalid duration {text:?} ({e}); write a number with a unit, e.g. \"90s\" or \"15m\""
+        )
+    })
+}
+
+pub(super) fn from_str<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    let text = String::deserialize(deserializer)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+/// Parses `"UID:GID"`.
+pub fn parse_user(text: &str) -> Result<User, String> {
+    let err = || format!("invalid user {text:?}; write numeric \"uid:gid\", e.g. \"1000:1000\"");
+    let (uid, gid) = text.split_once(':').ok_or_else(err)?;
+    Ok(User {
+        uid: uid.parse().map_err(|_| err())?,
+        gid: gid.parse().map_err(|_| err())?,
+    })
+}
+
+pub(super) fn user<'de, D: Deserializer<'de>>(deserializer: D) -> Result<User, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_user(&text).map_err(serde::de::Error::custom)
+}
+
+pub(super) fn network<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Network, D::Error> {
+    match String::deserialize(deserializer)?.as_str() {
+        "host" => Ok(Network::Host),
+        "none" => Ok(Network::None),
+        other => Err(serde::de::Error::custom(format!(
+            "invalid network {other:?}; expected \"host\" or \"none\""
+        ))),
+    }
+}
