@@ -20,7 +20,7 @@ use narya_oci::Digest;
 
 use super::client::{classify, is_not_found};
 use super::Containerd;
-use crate::{ImageSource, PinnedImage, Result, RuntimeError};
+use crate::{ErrorKind, ImageSource, PinnedImage, Result, RuntimeError};
 
 /// What a machine needs of its image once it is local.
 #[derive(Clone, Debug)]
@@ -107,16 +107,19 @@ impl Containerd {
         let (manifest, manifest_bytes) = self.fetcher.manifest(reference, digest).await?;
         let (config, config_bytes) = self.fetcher.config(reference, &manifest).await?;
         if config.rootfs.diff_ids.len() != manifest.layers.len() {
-            return Err(RuntimeError::Image(format!(
-                "image {digest}: the config lists {} diff ids for {} layers",
-                config.rootfs.diff_ids.len(),
-                manifest.layers.len()
-            )));
+            return Err(RuntimeError::plain(
+                ErrorKind::Image,
+                format!(
+                    "image {digest}: the config lists {} diff ids for {} layers",
+                    config.rootfs.diff_ids.len(),
+                    manifest.layers.len()
+                ),
+            ));
         }
         let chain = chain_ids(&config.rootfs.diff_ids);
-        let top_chain = chain
-            .last()
-            .ok_or_else(|| RuntimeError::Image(format!("image {digest} has no layers")))?;
+        let top_chain = chain.last().ok_or_else(|| {
+            RuntimeError::plain(ErrorKind::Image, format!("image {digest} has no layers"))
+        })?;
 
         for (layer, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
             let labels =
@@ -368,14 +371,20 @@ impl Containerd {
             let verdict = match applied {
                 Ok(r) => match r.into_inner().applied {
                     Some(d) if d.digest == config.rootfs.diff_ids[i].to_string() => Ok(()),
-                    Some(d) => Err(RuntimeError::Image(format!(
-                        "layer {} unpacked to {}, but the image config names diff id {}",
-                        layer.digest, d.digest, config.rootfs.diff_ids[i]
-                    ))),
-                    None => Err(RuntimeError::Image(format!(
-                        "containerd applied layer {} without saying what it applied",
-                        layer.digest
-                    ))),
+                    Some(d) => Err(RuntimeError::plain(
+                        ErrorKind::Image,
+                        format!(
+                            "layer {} unpacked to {}, but the image config names diff id {}",
+                            layer.digest, d.digest, config.rootfs.diff_ids[i]
+                        ),
+                    )),
+                    None => Err(RuntimeError::plain(
+                        ErrorKind::Image,
+                        format!(
+                            "containerd applied layer {} without saying what it applied",
+                            layer.digest
+                        ),
+                    )),
                 },
                 Err(e) => Err(classify(&format!("applying layer {}", layer.digest), e)),
             };
@@ -436,15 +445,20 @@ impl Containerd {
             .await
             .map_err(|e| classify(&format!("looking up image {digest}"), e))?;
         let manifest_bytes = self.read_content(digest).await?;
-        let manifest: ImageManifest = serde_json::from_slice(&manifest_bytes)
-            .map_err(|e| RuntimeError::Image(format!("stored manifest {digest}: {e}")))?;
+        let manifest: ImageManifest = serde_json::from_slice(&manifest_bytes).map_err(|e| {
+            RuntimeError::caused(ErrorKind::Image, format!("stored manifest {digest}"), e)
+        })?;
         let config_bytes = self.read_content(&manifest.config.digest).await?;
         let config: ImageConfig = serde_json::from_slice(&config_bytes).map_err(|e| {
-            RuntimeError::Image(format!("stored config {}: {e}", manifest.config.digest))
+            RuntimeError::caused(
+                ErrorKind::Image,
+                format!("stored config {}", manifest.config.digest),
+                e,
+            )
         })?;
-        let top_chain = chain_ids(&config.rootfs.diff_ids)
-            .pop()
-            .ok_or_else(|| RuntimeError::Image(format!("image {digest} has no layers")))?;
+        let top_chain = chain_ids(&config.rootfs.diff_ids).pop().ok_or_else(|| {
+            RuntimeError::plain(ErrorKind::Image, format!("image {digest} has no layers"))
+        })?;
         self.conn
             .snapshots()
             .stat(self.conn.request(StatSnapshotRequest {
@@ -484,9 +498,10 @@ impl Containerd {
             bytes.extend_from_slice(&chunk.data);
         }
         if !digest.verifies(&bytes) {
-            return Err(RuntimeError::Image(format!(
-                "content {digest} in containerd does not match its digest"
-            )));
+            return Err(RuntimeError::plain(
+                ErrorKind::Image,
+                format!("content {digest} in containerd does not match its digest"),
+            ));
         }
         Ok(bytes)
     }

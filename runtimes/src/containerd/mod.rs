@@ -25,8 +25,8 @@ use self::image::LocalImage;
 use crate::fetch::ImageFetcher;
 use crate::output::{InputFifo, OutputFifo};
 use crate::{
-    ImageSource, MachineInfo, MachineSpec, MachineState, Network, PinnedImage, ProcessOutcome,
-    ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec, User, LABEL_DIGEST,
+    ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, Network, PinnedImage,
+    ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec, User, LABEL_DIGEST,
     LABEL_ENVIRONMENT,
 };
 
@@ -84,7 +84,7 @@ fn spec_any(value: &serde_json::Value, type_url: &str) -> Result<prost_types::An
     Ok(prost_types::Any {
         type_url: type_url.to_owned(),
         value: serde_json::to_vec(value)
-            .map_err(|e| RuntimeError::Other(format!("encoding a runtime spec: {e}")))?,
+            .map_err(|e| RuntimeError::caused(ErrorKind::Other, "encoding a runtime spec", e))?,
     })
 }
 
@@ -116,7 +116,11 @@ fn parse_user(label: Option<&String>) -> Option<User> {
 impl Containerd {
     pub fn new(config: ContainerdConfig) -> Result<Containerd> {
         std::fs::create_dir_all(&config.fifo_dir).map_err(|e| {
-            RuntimeError::Other(format!("cannot create {}: {e}", config.fifo_dir.display()))
+            RuntimeError::caused(
+                ErrorKind::Other,
+                format!("cannot create {}", config.fifo_dir.display()),
+                e,
+            )
         })?;
         Ok(Containerd {
             conn: Connection::new(&config.socket, &config.namespace)?,
@@ -137,7 +141,9 @@ impl Containerd {
             .map_err(|e| classify(&format!("looking up machine {id}"), e))?
             .into_inner()
             .container
-            .ok_or_else(|| RuntimeError::NotFound(format!("containerd: no machine {id}")))
+            .ok_or_else(|| {
+                RuntimeError::plain(ErrorKind::NotFound, format!("containerd: no machine {id}"))
+            })
     }
 
     async fn task_status(&self, id: &str) -> Result<Option<TaskStatus>> {
@@ -305,9 +311,10 @@ impl Containerd {
             Ok(Err(e)) if is_not_found(&e) => return Ok(()),
             Ok(Err(e)) => return Err(classify(&format!("waiting for machine {id} to stop"), e)),
             Err(_) => {
-                return Err(RuntimeError::Other(format!(
-                    "containerd: machine {id} did not stop within 10 s of SIGKILL"
-                )))
+                return Err(RuntimeError::plain(
+                    ErrorKind::Other,
+                    format!("containerd: machine {id} did not stop within 10 s of SIGKILL"),
+                ))
             }
         }
         match self
@@ -332,7 +339,10 @@ impl Containerd {
         spec_in: &ProcessSpec,
     ) -> Result<ProcessOutcome> {
         let user = parse_user(container.labels.get(LABEL_USER)).ok_or_else(|| {
-            RuntimeError::Other(format!("machine {id} carries no {LABEL_USER} label"))
+            RuntimeError::plain(
+                ErrorKind::Other,
+                format!("machine {id} carries no {LABEL_USER} label"),
+            )
         })?;
         let machine_spec: serde_json::Value = container
             .spec
@@ -365,7 +375,7 @@ impl Containerd {
             spec_in.output_limit,
             spec_in.output.clone(),
         )
-        .map_err(|e| RuntimeError::Other(format!("cannot make an output FIFO: {e}")))?;
+        .map_err(|e| RuntimeError::caused(ErrorKind::Other, "cannot make an output FIFO", e))?;
         let fifo_path = fifo.path().display().to_string();
         let input = self.input_fifo(&exec_id, spec_in.stdin.as_ref())?;
         let started_at = Instant::now();
@@ -413,8 +423,9 @@ impl Containerd {
     fn input_fifo(&self, name: &str, stdin: Option<&Vec<u8>>) -> Result<Option<InputFifo>> {
         stdin
             .map(|bytes| {
-                InputFifo::create(&self.fifo_dir.join(format!("{name}-in")), bytes.clone())
-                    .map_err(|e| RuntimeError::Other(format!("cannot make an input FIFO: {e}")))
+                InputFifo::create(&self.fifo_dir.join(format!("{name}-in")), bytes.clone()).map_err(
+                    |e| RuntimeError::caused(ErrorKind::Other, "cannot make an input FIFO", e),
+                )
             })
             .transpose()
     }
@@ -582,9 +593,10 @@ impl Runtime for Containerd {
         match self.task_status(id).await? {
             Some(TaskStatus::Running) => {}
             _ => {
-                return Err(RuntimeError::NotFound(format!(
-                    "containerd: machine {id} is not running"
-                )))
+                return Err(RuntimeError::plain(
+                    ErrorKind::NotFound,
+                    format!("containerd: machine {id} is not running"),
+                ))
             }
         }
         self.exec_in(id, &container, spec_in).await
@@ -624,7 +636,7 @@ impl Runtime for Containerd {
                 spec_in.process.output_limit,
                 spec_in.process.output.clone(),
             )
-            .map_err(|e| RuntimeError::Other(format!("cannot make an output FIFO: {e}")))?;
+            .map_err(|e| RuntimeError::caused(ErrorKind::Other, "cannot make an output FIFO", e))?;
             let input = self.input_fifo(&id, spec_in.process.stdin.as_ref())?;
             let started_at = Instant::now();
             let fifo_path = fifo.path().display().to_string();
@@ -672,7 +684,7 @@ impl Runtime for Containerd {
     async fn inspect(&self, id: &str) -> Result<MachineState> {
         match self.container(id).await {
             Ok(_) => {}
-            Err(RuntimeError::NotFound(_)) => return Ok(MachineState::Missing),
+            Err(RuntimeError::NotFound { .. }) => return Ok(MachineState::Missing),
             Err(e) => return Err(e),
         }
         Ok(match self.task_status(id).await? {
@@ -761,7 +773,7 @@ impl Runtime for Containerd {
     async fn remove(&self, id: &str) -> Result<()> {
         match self.container(id).await {
             Ok(_) => {}
-            Err(RuntimeError::NotFound(_)) => {
+            Err(RuntimeError::NotFound { .. }) => {
                 self.remove_snapshot(id).await;
                 return Ok(());
             }

@@ -15,7 +15,7 @@ use narya_oci::{Digest, ImageReference, RegistryReference};
 
 use super::engine::classify;
 use super::Docker;
-use crate::{ImageSource, PinnedImage, Result, RuntimeError};
+use crate::{ErrorKind, ImageSource, PinnedImage, Result, RuntimeError};
 
 /// The repository our verified images are tagged into; the tag is the manifest digest's hex.
 const LOCAL_REPOSITORY: &str = "narya.local/official";
@@ -32,10 +32,10 @@ pub(super) fn local_tag(digest: &Digest) -> String {
 
 /// Turns an engine failure while fetching the image into an `Image` error, unless the engine
 /// itself is not answering.
-fn image_failure(what: &str, error: bollard::errors::Error, hint: &str) -> RuntimeError {
+fn image_failure(what: &str, error: bollard::errors::Error) -> RuntimeError {
     match classify(what, error) {
-        RuntimeError::Unavailable(m) => RuntimeError::Unavailable(m),
-        other => RuntimeError::Image(format!("{other}{hint}")),
+        e if e.kind() == ErrorKind::Unavailable => e,
+        other => other.into_kind(ErrorKind::Image),
     }
 }
 
@@ -85,7 +85,7 @@ impl Docker {
                 Ok(true)
             }
             Err(e) => match classify(&format!("looking up image {digest}"), e) {
-                RuntimeError::NotFound(_) => Ok(false),
+                RuntimeError::NotFound { .. } => Ok(false),
                 other => Err(other),
             },
         }
@@ -114,7 +114,7 @@ impl Docker {
         // Errors arrive inside a 200 stream: every message is read so none is missed.
         while let Some(message) = progress.next().await {
             if let Err(e) = message {
-                return Err(image_failure(&format!("pulling {name}@{digest}"), e, &hint));
+                return Err(image_failure(&format!("pulling {name}@{digest}{hint}"), e));
             }
         }
         Ok(format!("{name}@{digest}"))
@@ -136,20 +136,26 @@ impl Docker {
             ]
             .contains(&layer.media_type.as_str())
             {
-                return Err(RuntimeError::Image(format!(
-                    "image {digest}: layer {} is {}, which Docker 20.10 cannot load (gzip or \
+                return Err(RuntimeError::plain(
+                    ErrorKind::Image,
+                    format!(
+                        "image {digest}: layer {} is {}, which Docker 20.10 cannot load (gzip or \
                      uncompressed tar only)",
-                    layer.digest, layer.media_type
-                )));
+                        layer.digest, layer.media_type
+                    ),
+                ));
             }
         }
         let (config, config_bytes) = self.fetcher.config(reference, manifest).await?;
         if config.rootfs.diff_ids.len() != manifest.layers.len() {
-            return Err(RuntimeError::Image(format!(
-                "image {digest}: the config lists {} diff ids for {} layers",
-                config.rootfs.diff_ids.len(),
-                manifest.layers.len()
-            )));
+            return Err(RuntimeError::plain(
+                ErrorKind::Image,
+                format!(
+                    "image {digest}: the config lists {} diff ids for {} layers",
+                    config.rootfs.diff_ids.len(),
+                    manifest.layers.len()
+                ),
+            ));
         }
         let mut archive = Vec::new();
         let mut layer_names = Vec::with_capacity(manifest.layers.len());
@@ -167,7 +173,7 @@ impl Docker {
             "Layers": layer_names,
         }]);
         let archive_manifest = serde_json::to_vec(&archive_manifest)
-            .map_err(|e| RuntimeError::Other(format!("encoding manifest.json: {e}")))?;
+            .map_err(|e| RuntimeError::caused(ErrorKind::Other, "encoding manifest.json", e))?;
         append_file(&mut archive, "manifest.json", Bytes::from(archive_manifest))?;
         // Two empty blocks end a tar archive.
         archive.push(Bytes::from(vec![0u8; 2 * TAR_BLOCK]));
@@ -187,7 +193,7 @@ impl Docker {
             client.import_image_stream(options, futures_util::stream::iter(archive), None);
         while let Some(message) = progress.next().await {
             if let Err(e) = message {
-                return Err(image_failure(&format!("loading image {digest}"), e, ""));
+                return Err(image_failure(&format!("loading image {digest}"), e));
             }
         }
         Ok(())
@@ -200,7 +206,7 @@ impl Docker {
         let image = client
             .inspect_image(name)
             .await
-            .map_err(|e| image_failure(&format!("looking up {name} after fetching it"), e, ""))?;
+            .map_err(|e| image_failure(&format!("looking up {name} after fetching it"), e))?;
         let id = image.id.unwrap_or_default();
         if id != config.to_string() {
             if name == local_tag(digest) {
@@ -212,10 +218,13 @@ impl Docker {
                     )
                     .await;
             }
-            return Err(RuntimeError::Image(format!(
-                "image {digest}: the engine holds it as image {id:?}, but its manifest names \
+            return Err(RuntimeError::plain(
+                ErrorKind::Image,
+                format!(
+                    "image {digest}: the engine holds it as image {id:?}, but its manifest names \
                  config {config}"
-            )));
+                ),
+            ));
         }
         if name != local_tag(digest) {
             let options = TagImageOptions {
@@ -236,7 +245,7 @@ fn append_file(archive: &mut Vec<Bytes>, name: &str, data: Bytes) -> Result<()> 
     let mut header = tar::Header::new_ustar();
     header
         .set_path(name)
-        .map_err(|e| RuntimeError::Other(format!("tar entry {name}: {e}")))?;
+        .map_err(|e| RuntimeError::caused(ErrorKind::Other, format!("tar entry {name}"), e))?;
     header.set_size(data.len() as u64);
     header.set_mode(0o644);
     header.set_mtime(0);

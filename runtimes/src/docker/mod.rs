@@ -29,8 +29,9 @@ use self::image::local_tag;
 use self::process::{abandoned, Ending, Feeding, OutputPump};
 use crate::fetch::ImageFetcher;
 use crate::{
-    ImageSource, MachineInfo, MachineSpec, MachineState, Network, PinnedImage, ProcessOutcome,
-    ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec, LABEL_DIGEST, LABEL_ENVIRONMENT,
+    ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, Network, PinnedImage,
+    ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec, LABEL_DIGEST,
+    LABEL_ENVIRONMENT,
 };
 
 /// Marks containers that exist only for one command (clones), never machines.
@@ -92,10 +93,10 @@ fn network_mode(network: Network) -> String {
 /// no capabilities, the network asked for, and no init of Docker's (ours is tini, in the image).
 fn host_config(workspace: &Path, mount_point: &str, network: Network) -> Result<HostConfig> {
     let source = workspace.to_str().ok_or_else(|| {
-        RuntimeError::Other(format!(
-            "workspace path {} is not UTF-8",
-            workspace.display()
-        ))
+        RuntimeError::plain(
+            ErrorKind::Other,
+            format!("workspace path {} is not UTF-8", workspace.display()),
+        )
     })?;
     Ok(HostConfig {
         // A bind *mount* (not a `Binds` entry): the engine refuses a missing source instead of
@@ -149,7 +150,7 @@ impl Docker {
             Ok(found) => found,
             Err(e) => {
                 return match classify(&format!("looking up machine {id}"), e) {
-                    RuntimeError::NotFound(_) => Ok(None),
+                    RuntimeError::NotFound { .. } => Ok(None),
                     other => Err(other),
                 }
             }
@@ -173,9 +174,12 @@ impl Docker {
         if self.has_local_image(digest).await? {
             Ok(local_tag(digest))
         } else {
-            Err(RuntimeError::Image(format!(
-                "docker: image {digest} is not in the engine; ensure_image makes it available"
-            )))
+            Err(RuntimeError::plain(
+                ErrorKind::Image,
+                format!(
+                    "docker: image {digest} is not in the engine; ensure_image makes it available"
+                ),
+            ))
         }
     }
 
@@ -190,9 +194,9 @@ impl Docker {
         match client.remove_container(container, Some(options)).await {
             Ok(()) => return Ok(()),
             Err(e) => match classify(&format!("removing container {container}"), e) {
-                RuntimeError::NotFound(_) => return Ok(()),
+                RuntimeError::NotFound { .. } => return Ok(()),
                 // 409: "removal already in progress" from another caller.
-                RuntimeError::AlreadyExists(_) => {}
+                RuntimeError::AlreadyExists { .. } => {}
                 other => return Err(other),
             },
         }
@@ -206,14 +210,17 @@ impl Docker {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
                 Ok(_) => {
-                    return Err(RuntimeError::Other(format!(
-                        "docker: container {container} was still being removed after {} s",
-                        REMOVAL_WAIT.as_secs()
-                    )))
+                    return Err(RuntimeError::plain(
+                        ErrorKind::Other,
+                        format!(
+                            "docker: container {container} was still being removed after {} s",
+                            REMOVAL_WAIT.as_secs()
+                        ),
+                    ))
                 }
                 Err(e) => {
                     return match classify(&format!("waiting for {container} to go"), e) {
-                        RuntimeError::NotFound(_) => Ok(()),
+                        RuntimeError::NotFound { .. } => Ok(()),
                         other => Err(other),
                     }
                 }
@@ -230,7 +237,10 @@ impl Docker {
         spec: &ProcessSpec,
     ) -> Result<ProcessOutcome> {
         let user = machine.labels.get(LABEL_USER).cloned().ok_or_else(|| {
-            RuntimeError::Other(format!("machine {id} carries no {LABEL_USER} label"))
+            RuntimeError::plain(
+                ErrorKind::Other,
+                format!("machine {id} carries no {LABEL_USER} label"),
+            )
         })?;
         let cwd = spec
             .cwd
@@ -255,7 +265,7 @@ impl Docker {
             Err(e) => {
                 return Err(match classify(&format!("starting a process in {id}"), e) {
                     // 409: the machine stopped between our look and the exec.
-                    RuntimeError::AlreadyExists(m) => RuntimeError::NotFound(m),
+                    e if e.kind() == ErrorKind::AlreadyExists => e.into_kind(ErrorKind::NotFound),
                     other => other,
                 });
             }
@@ -270,7 +280,8 @@ impl Docker {
         let (frames, input) = match client.start_exec(&exec, Some(options)).await {
             Ok(StartExecResults::Attached { output, input }) => (output, input),
             Ok(StartExecResults::Detached) => {
-                return Err(RuntimeError::Other(
+                return Err(RuntimeError::plain(
+                    ErrorKind::Other,
                     "docker: the engine started an attached process detached".to_owned(),
                 ))
             }
@@ -336,7 +347,7 @@ impl Docker {
                 Err(e) => {
                     return match classify("reading a process's exit code", e) {
                         // The machine was removed under it, and the process with it.
-                        RuntimeError::NotFound(_) => Ok(Waited::Exited(None)),
+                        RuntimeError::NotFound { .. } => Ok(Waited::Exited(None)),
                         other => Err(other),
                     };
                 }
@@ -411,9 +422,9 @@ impl Docker {
         match client.create_container(Some(options), body).await {
             Ok(created) => Ok(created.id),
             Err(e) => match classify(&format!("creating container {name}"), e) {
-                RuntimeError::NotFound(m) => {
+                e if e.kind() == ErrorKind::NotFound => {
                     self.images.lock().await.remove(digest);
-                    Err(RuntimeError::Image(m))
+                    Err(e.into_kind(ErrorKind::Image))
                 }
                 other => Err(other),
             },
@@ -432,7 +443,7 @@ impl Docker {
             .create_container(client, name, digest, body.clone())
             .await
         {
-            Err(RuntimeError::AlreadyExists(m)) => m,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => e,
             created => return created,
         };
         let stale = client
@@ -445,7 +456,7 @@ impl Docker {
             stale.id,
             labels.get(LABEL_THROWAWAY).map(String::as_str) == Some(name),
         ) else {
-            return Err(RuntimeError::AlreadyExists(refusal));
+            return Err(refusal);
         };
         tracing::warn!(
             container = name,
@@ -607,9 +618,10 @@ impl Runtime for Docker {
         let machine = match self.machine(client, id).await? {
             Some(m) if m.state == MachineState::Running => m,
             _ => {
-                return Err(RuntimeError::NotFound(format!(
-                    "docker: machine {id} is not running"
-                )))
+                return Err(RuntimeError::plain(
+                    ErrorKind::NotFound,
+                    format!("docker: machine {id} is not running"),
+                ))
             }
         };
         self.exec_in(client, id, &machine, spec).await
@@ -724,10 +736,9 @@ impl Runtime for Docker {
 
     async fn start(&self, id: &str) -> Result<()> {
         let client = self.engine.client().await?;
-        let machine = self
-            .machine(client, id)
-            .await?
-            .ok_or_else(|| RuntimeError::NotFound(format!("docker: no machine {id}")))?;
+        let machine = self.machine(client, id).await?.ok_or_else(|| {
+            RuntimeError::plain(ErrorKind::NotFound, format!("docker: no machine {id}"))
+        })?;
         if machine.state == MachineState::Running {
             return Ok(());
         }
