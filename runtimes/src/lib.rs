@@ -18,10 +18,11 @@ pub mod fetch;
 pub mod host;
 pub mod output;
 
-/// The label every Narya machine carries, valued with its environment id.
-pub const LABEL_ENVIRONMENT: &str = "dev.narya.environment";
-/// The label carrying the pinned manifest digest a machine was made from.
-pub const LABEL_DIGEST: &str = "dev.narya.image-digest";
+mod labels;
+mod pinning;
+mod watch;
+
+pub use labels::{LABEL_DIGEST, LABEL_ENVIRONMENT};
 
 /// The underlying failure a [`RuntimeError`] carries as its source.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;

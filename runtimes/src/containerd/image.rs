@@ -16,11 +16,12 @@ use containerd_client::services::v1::{CreateRequest as CreateLease, DeleteReques
 use containerd_client::types::Descriptor as GrpcDescriptor;
 use futures_util::StreamExt;
 use narya_oci::manifest::{chain_ids, Descriptor, ImageConfig, ImageManifest};
-use narya_oci::Digest;
+use narya_oci::{Digest, ImageReference};
 
 use super::client::{classify, is_not_found};
 use super::Containerd;
-use crate::{ErrorKind, ImageSource, PinnedImage, Result, RuntimeError};
+use crate::pinning::{check_layers, LocalImages};
+use crate::{ErrorKind, Result, RuntimeError};
 
 /// What a machine needs of its image once it is local.
 #[derive(Clone, Debug)]
@@ -55,23 +56,16 @@ fn nonce() -> String {
     format!("{}-{nanos}", std::process::id())
 }
 
-impl Containerd {
-    pub(crate) async fn ensure_image_impl(&self, source: &ImageSource) -> Result<PinnedImage> {
-        let digest = match &source.pinned {
-            Some(d) => d.clone(),
-            None => self.fetcher.resolve(&source.reference).await?,
-        };
-        let pinned = PinnedImage {
-            reference: source.reference.clone(),
-            digest: digest.clone(),
-        };
-        // One pull at a time in this process; other processes race safely through
-        // AlreadyExists below.
-        let _guard = self.pull_lock.lock().await;
-        if self.local_image(&digest).await.is_ok() {
-            return Ok(pinned);
-        }
-        tracing::info!(%digest, reference = %source.reference, "pulling the official image into containerd");
+#[async_trait::async_trait]
+impl LocalImages for Containerd {
+    async fn has_image(&self, digest: &Digest) -> Result<bool> {
+        Ok(self.local_image(digest).await.is_ok())
+    }
+
+    /// Content is written under a lease of its own, so that nothing is collected before the
+    /// image record holds it; other processes pulling the same image race safely through
+    /// AlreadyExists.
+    async fn bring_image(&self, reference: &ImageReference, digest: &Digest) -> Result<()> {
         let lease = format!("narya-pull-{}", nonce());
         let expire =
             humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(3600))
@@ -84,7 +78,7 @@ impl Containerd {
             }))
             .await
             .map_err(|e| classify("creating a lease", e))?;
-        let outcome = self.pull(&source.reference, &digest, &lease).await;
+        let outcome = self.pull(reference, digest, &lease).await;
         let _ = self
             .conn
             .leases()
@@ -94,28 +88,16 @@ impl Containerd {
             }))
             .await;
         outcome?;
-        self.local_image(&digest).await?;
-        Ok(pinned)
+        self.local_image(digest).await.map(|_| ())
     }
+}
 
-    async fn pull(
-        &self,
-        reference: &narya_oci::ImageReference,
-        digest: &Digest,
-        lease: &str,
-    ) -> Result<()> {
-        let (manifest, manifest_bytes) = self.fetcher.manifest(reference, digest).await?;
-        let (config, config_bytes) = self.fetcher.config(reference, &manifest).await?;
-        if config.rootfs.diff_ids.len() != manifest.layers.len() {
-            return Err(RuntimeError::plain(
-                ErrorKind::Image,
-                format!(
-                    "image {digest}: the config lists {} diff ids for {} layers",
-                    config.rootfs.diff_ids.len(),
-                    manifest.layers.len()
-                ),
-            ));
-        }
+impl Containerd {
+    async fn pull(&self, reference: &ImageReference, digest: &Digest, lease: &str) -> Result<()> {
+        let fetcher = self.pinning.fetcher();
+        let (manifest, manifest_bytes) = fetcher.manifest(reference, digest).await?;
+        let (config, config_bytes) = fetcher.config(reference, &manifest).await?;
+        check_layers(digest, &manifest, &config)?;
         let chain = chain_ids(&config.rootfs.diff_ids);
         let top_chain = chain.last().ok_or_else(|| {
             RuntimeError::plain(ErrorKind::Image, format!("image {digest} has no layers"))
@@ -125,7 +107,7 @@ impl Containerd {
             let labels =
                 HashMap::from([("containerd.io/uncompressed".to_owned(), diff_id.to_string())]);
             if !self.has_content(&layer.digest, &labels).await? {
-                let bytes = self.fetcher.blob(reference, layer).await?;
+                let bytes = fetcher.blob(reference, layer).await?;
                 self.write_content(&layer.digest, &bytes, labels, lease)
                     .await?;
             }

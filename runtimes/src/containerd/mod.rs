@@ -5,7 +5,7 @@ mod image;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use containerd_client::services::v1::container::Runtime as ContainerRuntime;
 use containerd_client::services::v1::snapshots::{MountsRequest, PrepareSnapshotRequest};
@@ -20,22 +20,19 @@ use narya_oci::spec;
 use narya_oci::Digest;
 use tokio::sync::Mutex;
 
+use tokio::time::Instant;
+
 use self::client::{classify, is_not_found, Connection};
 use self::image::LocalImage;
-use crate::fetch::ImageFetcher;
+use crate::labels::{self, LABEL_ENVIRONMENT};
 use crate::output::{InputFifo, OutputFifo};
+use crate::pinning::ImagePinning;
+use crate::watch::{require_running, watch, AbortOnDrop, Ending, Watched};
 use crate::{
     ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, Network, PinnedImage,
-    ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec, User, LABEL_DIGEST,
-    LABEL_ENVIRONMENT,
+    ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec,
 };
 
-/// Marks containers that exist only for one command (clones), never machines.
-const LABEL_THROWAWAY: &str = "dev.narya.throwaway";
-/// Where the workspace is mounted inside, so execs default to it.
-const LABEL_WORKSPACE: &str = "dev.narya.workspace";
-/// The user machines run as, so execs after a daemon restart run as the same one.
-const LABEL_USER: &str = "dev.narya.user";
 const RUNC: &str = "io.containerd.runc.v2";
 /// How long output may still arrive after a process ended (a background child holding stdout).
 const OUTPUT_GRACE: Duration = Duration::from_secs(2);
@@ -55,9 +52,8 @@ pub struct Containerd {
     conn: Connection,
     namespace: String,
     snapshotter: String,
-    fetcher: ImageFetcher,
+    pinning: ImagePinning,
     fifo_dir: PathBuf,
-    pull_lock: Mutex<()>,
     images: Mutex<HashMap<Digest, LocalImage>>,
 }
 
@@ -67,17 +63,6 @@ fn unique(prefix: &str) -> String {
         .unwrap_or_default()
         .as_nanos();
     format!("{prefix}-{}-{nanos}", std::process::id())
-}
-
-/// Stops a helper task when the process it serves is over.
-struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if let Some(task) = self.0.take() {
-            task.abort();
-        }
-    }
 }
 
 fn spec_any(value: &serde_json::Value, type_url: &str) -> Result<prost_types::Any> {
@@ -105,12 +90,13 @@ fn merged_env(
     env
 }
 
-fn parse_user(label: Option<&String>) -> Option<User> {
-    let (uid, gid) = label?.split_once(':')?;
-    Some(User {
-        uid: uid.parse().ok()?,
-        gid: gid.parse().ok()?,
-    })
+/// What a task's status says of its machine. Unknown is not stopped in truth (a busy shim
+/// answers late), but nothing can be run in it either.
+fn machine_state(status: Option<TaskStatus>) -> MachineState {
+    match status {
+        Some(TaskStatus::Running) => MachineState::Running,
+        _ => MachineState::Stopped,
+    }
 }
 
 impl Containerd {
@@ -126,9 +112,8 @@ impl Containerd {
             conn: Connection::new(&config.socket, &config.namespace)?,
             namespace: config.namespace,
             snapshotter: config.snapshotter,
-            fetcher: ImageFetcher::new(config.insecure_registries)?,
+            pinning: ImagePinning::new(config.insecure_registries)?,
             fifo_dir: config.fifo_dir,
-            pull_lock: Mutex::new(()),
             images: Mutex::new(HashMap::new()),
         })
     }
@@ -338,12 +323,7 @@ impl Containerd {
         container: &Container,
         spec_in: &ProcessSpec,
     ) -> Result<ProcessOutcome> {
-        let user = parse_user(container.labels.get(LABEL_USER)).ok_or_else(|| {
-            RuntimeError::plain(
-                ErrorKind::Other,
-                format!("machine {id} carries no {LABEL_USER} label"),
-            )
-        })?;
+        let run_as = labels::run_as(id, &container.labels, spec_in)?;
         let machine_spec: serde_json::Value = container
             .spec
             .as_ref()
@@ -357,17 +337,12 @@ impl Containerd {
                     .collect()
             })
             .unwrap_or_default();
-        let cwd = spec_in
-            .cwd
-            .clone()
-            .or_else(|| container.labels.get(LABEL_WORKSPACE).cloned())
-            .unwrap_or_else(|| "/".to_owned());
         let process = spec::process(&spec::ProcessSpec {
             args: spec_in.argv.clone(),
             env: merged_env(&base_env, &spec_in.env),
-            cwd,
-            uid: user.uid,
-            gid: user.gid,
+            cwd: run_as.cwd,
+            uid: run_as.user.uid,
+            gid: run_as.user.gid,
         });
         let exec_id = unique("exec");
         let mut fifo = OutputFifo::create(
@@ -472,28 +447,20 @@ impl Containerd {
                 drop(input);
             })
         });
-        let _stop_feeding = AbortOnDrop(feeding);
+        let _stop_feeding = feeding.map(AbortOnDrop);
         let mut waiter = self.conn.tasks();
-        let wait = waiter.wait(wait_request);
-        tokio::pin!(wait);
-        let abandoned = async {
-            match &process.output {
-                Some(sink) => sink.closed().await,
-                None => std::future::pending().await,
-            }
+        let mut wait = std::pin::pin!(waiter.wait(wait_request));
+        let watched = Watched {
+            machine: id,
+            deadline: Instant::now() + process.timeout,
+            output: &process.output,
         };
-        let (status, timed_out, killed) = tokio::select! {
-            status = &mut wait => (status, false, false),
-            _ = tokio::time::sleep(process.timeout) => {
-                tracing::info!(machine = id, pid, "process ran past its bound; killing it and its descendants");
-                self.kill_process(id, exec_id, pid).await;
-                (wait.await, true, true)
-            }
-            _ = abandoned => {
-                tracing::info!(machine = id, pid, "nobody reads the output any more; killing the process and its descendants");
-                self.kill_process(id, exec_id, pid).await;
-                (wait.await, false, true)
-            }
+        let kill = self.kill_process(id, exec_id, pid);
+        // After a kill the wait still answers, once the process is gone.
+        let (status, timed_out, killed) = match watch(&watched, wait.as_mut(), kill).await {
+            Ending::Ended(status) => (status, false, false),
+            Ending::TimedOut => (wait.await, true, true),
+            Ending::Abandoned => (wait.await, false, true),
         };
         let status = status
             .map_err(|e| classify(&format!("waiting for a process in {id}"), e))?
@@ -545,16 +512,12 @@ impl Runtime for Containerd {
     }
 
     async fn ensure_image(&self, source: &ImageSource) -> Result<PinnedImage> {
-        self.ensure_image_impl(source).await
+        self.pinning.ensure(source, self, self.name()).await
     }
 
     async fn create_machine(&self, spec_in: &MachineSpec) -> Result<MachineInfo> {
         let image = self.local_image(&spec_in.image.digest).await?;
-        let mut labels: HashMap<String, String> = spec_in.labels.clone().into_iter().collect();
-        labels.insert(LABEL_ENVIRONMENT.to_owned(), spec_in.id.clone());
-        labels.insert(LABEL_DIGEST.to_owned(), spec_in.image.digest.to_string());
-        labels.insert(LABEL_WORKSPACE.to_owned(), spec_in.mount_point.clone());
-        labels.insert(LABEL_USER.to_owned(), spec_in.user.to_string());
+        let labels = labels::machine_labels(spec_in);
         let process = spec::ProcessSpec {
             // tini reaps what setup scripts and sessions leave behind; sleep keeps it alive.
             args: ["/usr/bin/tini", "-s", "--", "/bin/sleep", "infinity"]
@@ -590,15 +553,8 @@ impl Runtime for Containerd {
 
     async fn run(&self, id: &str, spec_in: &ProcessSpec) -> Result<ProcessOutcome> {
         let container = self.container(id).await?;
-        match self.task_status(id).await? {
-            Some(TaskStatus::Running) => {}
-            _ => {
-                return Err(RuntimeError::plain(
-                    ErrorKind::NotFound,
-                    format!("containerd: machine {id} is not running"),
-                ))
-            }
-        }
+        let state = machine_state(self.task_status(id).await?);
+        let container = require_running(self.name(), id, Some((container, state)))?;
         self.exec_in(id, &container, spec_in).await
     }
 
@@ -618,7 +574,7 @@ impl Runtime for Containerd {
             uid: spec_in.user.uid,
             gid: spec_in.user.gid,
         };
-        let labels = HashMap::from([(LABEL_THROWAWAY.to_owned(), spec_in.name.clone())]);
+        let labels = labels::throwaway_labels(&spec_in.name);
         let mounts = self
             .make_container(
                 &id,
@@ -687,10 +643,7 @@ impl Runtime for Containerd {
             Err(RuntimeError::NotFound { .. }) => return Ok(MachineState::Missing),
             Err(e) => return Err(e),
         }
-        Ok(match self.task_status(id).await? {
-            Some(TaskStatus::Running) => MachineState::Running,
-            _ => MachineState::Stopped,
-        })
+        Ok(machine_state(self.task_status(id).await?))
     }
 
     async fn list(&self) -> Result<Vec<MachineInfo>> {
@@ -704,20 +657,12 @@ impl Runtime for Containerd {
             .map_err(|e| classify("listing machines", e))?
             .into_inner()
             .containers;
-        let mut machines = Vec::with_capacity(containers.len());
+        let mut found = Vec::with_capacity(containers.len());
         for c in containers {
-            let state = match self.task_status(&c.id).await? {
-                Some(TaskStatus::Running) => MachineState::Running,
-                _ => MachineState::Stopped,
-            };
-            machines.push(MachineInfo {
-                digest: c.labels.get(LABEL_DIGEST).and_then(|d| d.parse().ok()),
-                id: c.labels.get(LABEL_ENVIRONMENT).cloned().unwrap_or(c.id),
-                state,
-            });
+            let state = machine_state(self.task_status(&c.id).await?);
+            found.push((c.labels, state));
         }
-        machines.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(machines)
+        Ok(labels::machines(found))
     }
 
     async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>> {

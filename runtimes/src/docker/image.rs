@@ -15,7 +15,8 @@ use narya_oci::{Digest, ImageReference, RegistryReference};
 
 use super::engine::classify;
 use super::Docker;
-use crate::{ErrorKind, ImageSource, PinnedImage, Result, RuntimeError};
+use crate::pinning::{check_layers, LocalImages};
+use crate::{ErrorKind, Result, RuntimeError};
 
 /// The repository our verified images are tagged into; the tag is the manifest digest's hex.
 const LOCAL_REPOSITORY: &str = "narya.local/official";
@@ -39,39 +40,33 @@ fn image_failure(what: &str, error: bollard::errors::Error) -> RuntimeError {
     }
 }
 
-impl Docker {
-    pub(super) async fn ensure_image_impl(&self, source: &ImageSource) -> Result<PinnedImage> {
-        let digest = match &source.pinned {
-            Some(d) => d.clone(),
-            None => self.fetcher.resolve(&source.reference).await?,
-        };
-        let pinned = PinnedImage {
-            reference: source.reference.clone(),
-            digest: digest.clone(),
-        };
-        // One fetch at a time in this process; other processes race safely because pulls,
-        // loads and tags of the same content are idempotent in the engine.
-        let _guard = self.pull_lock.lock().await;
-        if self.has_local_image(&digest).await? {
-            return Ok(pinned);
-        }
-        // The manifest comes from the source, verified against `digest`: an unknown digest
-        // fails here, and it names the config digest the engine's image id must equal.
-        let (manifest, _) = self.fetcher.manifest(&source.reference, &digest).await?;
-        tracing::info!(%digest, reference = %source.reference, "making the official image available to Docker");
-        let fetched_as = match &source.reference {
-            ImageReference::Registry(r) => self.pull(r, &digest).await?,
-            ImageReference::Layout(_) => {
-                self.load(&source.reference, &digest, &manifest).await?;
-                local_tag(&digest)
-            }
-        };
-        self.verify_and_tag(&fetched_as, &digest, &manifest.config.digest)
-            .await?;
-        self.images.lock().await.insert(digest);
-        Ok(pinned)
+#[async_trait::async_trait]
+impl LocalImages for Docker {
+    async fn has_image(&self, digest: &Digest) -> Result<bool> {
+        self.has_local_image(digest).await
     }
 
+    /// Pulls, loads and tags of the same content are idempotent in the engine, so other
+    /// processes race safely.
+    async fn bring_image(&self, reference: &ImageReference, digest: &Digest) -> Result<()> {
+        // The manifest comes from the source, verified against `digest`: an unknown digest
+        // fails here, and it names the config digest the engine's image id must equal.
+        let (manifest, _) = self.pinning.fetcher().manifest(reference, digest).await?;
+        let fetched_as = match reference {
+            ImageReference::Registry(r) => self.pull(r, digest).await?,
+            ImageReference::Layout(_) => {
+                self.load(reference, digest, &manifest).await?;
+                local_tag(digest)
+            }
+        };
+        self.verify_and_tag(&fetched_as, digest, &manifest.config.digest)
+            .await?;
+        self.images.lock().await.insert(digest.clone());
+        Ok(())
+    }
+}
+
+impl Docker {
     /// Whether the engine has the image pinned to `digest` under our tag. The tag is only ever
     /// set after the image id was verified, so its presence is enough.
     pub(super) async fn has_local_image(&self, digest: &Digest) -> Result<bool> {
@@ -146,21 +141,13 @@ impl Docker {
                 ));
             }
         }
-        let (config, config_bytes) = self.fetcher.config(reference, manifest).await?;
-        if config.rootfs.diff_ids.len() != manifest.layers.len() {
-            return Err(RuntimeError::plain(
-                ErrorKind::Image,
-                format!(
-                    "image {digest}: the config lists {} diff ids for {} layers",
-                    config.rootfs.diff_ids.len(),
-                    manifest.layers.len()
-                ),
-            ));
-        }
+        let fetcher = self.pinning.fetcher();
+        let (config, config_bytes) = fetcher.config(reference, manifest).await?;
+        check_layers(digest, manifest, &config)?;
         let mut archive = Vec::new();
         let mut layer_names = Vec::with_capacity(manifest.layers.len());
         for layer in &manifest.layers {
-            let bytes = self.fetcher.blob(reference, layer).await?;
+            let bytes = fetcher.blob(reference, layer).await?;
             let name = format!("{}.tar", layer.digest.hex());
             append_file(&mut archive, &name, Bytes::from(bytes))?;
             layer_names.push(name);

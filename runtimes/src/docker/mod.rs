@@ -20,28 +20,20 @@ use bollard::query_parameters::{
 use bollard::Docker as Client;
 use futures_util::StreamExt;
 use narya_oci::Digest;
-use tokio::sync::mpsc::Sender;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use self::engine::{classify, wait_outcome, Engine};
 use self::image::local_tag;
-use self::process::{abandoned, Ending, Feeding, OutputPump};
-use crate::fetch::ImageFetcher;
+use self::process::{Feeding, OutputPump};
+use crate::labels::{self, LABEL_ENVIRONMENT};
+use crate::pinning::ImagePinning;
+use crate::watch::{require_running, watch, Watched};
 use crate::{
     ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, Network, PinnedImage,
-    ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec, LABEL_DIGEST,
-    LABEL_ENVIRONMENT,
+    ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec,
 };
 
-/// Marks containers that exist only for one command (clones), never machines.
-const LABEL_THROWAWAY: &str = "dev.narya.throwaway";
-/// Where the workspace is mounted inside, so execs default to it.
-const LABEL_WORKSPACE: &str = "dev.narya.workspace";
-/// The user machines run as, so execs after a daemon restart run as the same one.
-const LABEL_USER: &str = "dev.narya.user";
-/// How long output may still arrive after a process was killed.
-const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 /// How long a kill waits for the engine to report the process's host pid.
 const PID_WAIT: Duration = Duration::from_secs(2);
 /// How long a removal already under way in the engine is waited for.
@@ -59,9 +51,8 @@ pub struct DockerConfig {
 
 pub struct Docker {
     engine: Engine,
-    fetcher: ImageFetcher,
+    pinning: ImagePinning,
     insecure_registries: Vec<String>,
-    pull_lock: Mutex<()>,
     /// Manifest digests known to be available under our tag.
     images: Mutex<HashSet<Digest>>,
 }
@@ -72,13 +63,6 @@ struct Machine {
     container: String,
     state: MachineState,
     labels: HashMap<String, String>,
-}
-
-/// How waiting for a process to end came out.
-enum Waited {
-    Exited(Option<i32>),
-    TimedOut,
-    Abandoned,
 }
 
 fn network_mode(network: Network) -> String {
@@ -132,9 +116,8 @@ impl Docker {
     pub fn new(config: DockerConfig) -> Result<Docker> {
         Ok(Docker {
             engine: Engine::new(&config.socket),
-            fetcher: ImageFetcher::new(config.insecure_registries.clone())?,
+            pinning: ImagePinning::new(config.insecure_registries.clone())?,
             insecure_registries: config.insecure_registries,
-            pull_lock: Mutex::new(()),
             images: Mutex::new(HashSet::new()),
         })
     }
@@ -156,7 +139,7 @@ impl Docker {
             }
         };
         let labels = found.config.and_then(|c| c.labels).unwrap_or_default();
-        if labels.get(LABEL_ENVIRONMENT).map(String::as_str) != Some(id) {
+        if !labels::is_machine(&labels, id) {
             return Ok(None);
         }
         let Some(container) = found.id else {
@@ -236,17 +219,7 @@ impl Docker {
         machine: &Machine,
         spec: &ProcessSpec,
     ) -> Result<ProcessOutcome> {
-        let user = machine.labels.get(LABEL_USER).cloned().ok_or_else(|| {
-            RuntimeError::plain(
-                ErrorKind::Other,
-                format!("machine {id} carries no {LABEL_USER} label"),
-            )
-        })?;
-        let cwd = spec
-            .cwd
-            .clone()
-            .or_else(|| machine.labels.get(LABEL_WORKSPACE).cloned())
-            .unwrap_or_else(|| "/".to_owned());
+        let run_as = labels::run_as(id, &machine.labels, spec)?;
         // The engine starts an exec with the container's environment (the image's) and puts
         // these over it.
         let config = ExecConfig {
@@ -256,8 +229,8 @@ impl Docker {
             tty: Some(false),
             env: Some(env_list(&spec.env)),
             cmd: Some(spec.argv.clone()),
-            user: Some(user),
-            working_dir: Some(cwd),
+            user: Some(run_as.user.to_string()),
+            working_dir: Some(run_as.cwd),
             ..Default::default()
         };
         let exec = match client.create_exec(&machine.container, config).await {
@@ -271,7 +244,11 @@ impl Docker {
             }
         };
         let started = Instant::now();
-        let deadline = started + spec.timeout;
+        let watched = Watched {
+            machine: id,
+            deadline: started + spec.timeout,
+            output: &spec.output,
+        };
         let options = StartExecOptions {
             detach: false,
             tty: false,
@@ -282,64 +259,27 @@ impl Docker {
             Ok(StartExecResults::Detached) => {
                 return Err(RuntimeError::plain(
                     ErrorKind::Other,
-                    "docker: the engine started an attached process detached".to_owned(),
+                    "docker: the engine started an attached process detached",
                 ))
             }
             Err(e) => return Err(classify(&format!("starting a process in {id}"), e)),
         };
         let _feeding = Feeding::start(input, spec.stdin.as_ref());
         let mut pump = OutputPump::new(frames, spec.output_limit, spec.output.clone());
-        let mut ending = pump.run(deadline).await;
-        let mut exit_code = None;
-        if let Ending::Ended = ending {
+        let ending = {
             // The stream ends when the process's output closes, which need not be its end.
-            match self
-                .exec_exit(client, &exec, deadline, &spec.output)
-                .await?
-            {
-                Waited::Exited(code) => exit_code = code,
-                Waited::TimedOut => ending = Ending::TimedOut,
-                Waited::Abandoned => ending = Ending::Abandoned,
-            }
-        }
-        match ending {
-            Ending::Ended => {}
-            Ending::TimedOut | Ending::Abandoned => {
-                if matches!(ending, Ending::TimedOut) {
-                    tracing::info!(
-                        machine = id,
-                        "process ran past its bound; killing it and its descendants"
-                    );
-                } else {
-                    tracing::info!(
-                        machine = id,
-                        "nobody reads the output any more; killing the process and its descendants"
-                    );
-                }
-                self.kill_exec(client, &exec).await;
-                pump.drain(OUTPUT_GRACE).await;
-            }
-            Ending::Failed(e) => return Err(e),
-        }
-        let (output, output_truncated) = pump.finish();
-        Ok(ProcessOutcome {
-            exit_code,
-            output,
-            output_truncated,
-            timed_out: matches!(ending, Ending::TimedOut),
-            duration: started.elapsed(),
-        })
+            let ended = std::pin::pin!(async {
+                pump.read_all().await?;
+                self.exec_exit(client, &exec).await
+            });
+            watch(&watched, ended, self.kill_exec(client, &exec)).await
+        };
+        pump.outcome(ending, started).await
     }
 
     /// The exit code of exec `exec` once the engine has it; right after the output ends the
     /// engine may still report it running, and a process that closed its output may run on.
-    async fn exec_exit(
-        &self,
-        client: &Client,
-        exec: &str,
-        deadline: Instant,
-        sink: &Option<Sender<Vec<u8>>>,
-    ) -> Result<Waited> {
+    async fn exec_exit(&self, client: &Client, exec: &str) -> Result<Option<i32>> {
         let mut pause = Duration::from_millis(5);
         loop {
             let info = match client.inspect_exec(exec).await {
@@ -347,21 +287,15 @@ impl Docker {
                 Err(e) => {
                     return match classify("reading a process's exit code", e) {
                         // The machine was removed under it, and the process with it.
-                        RuntimeError::NotFound { .. } => Ok(Waited::Exited(None)),
+                        e if e.kind() == ErrorKind::NotFound => Ok(None),
                         other => Err(other),
                     };
                 }
             };
             if info.running == Some(false) && info.exit_code.is_some() {
-                return Ok(Waited::Exited(
-                    info.exit_code.and_then(|c| i32::try_from(c).ok()),
-                ));
+                return Ok(info.exit_code.and_then(|c| i32::try_from(c).ok()));
             }
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = tokio::time::sleep_until(deadline) => return Ok(Waited::TimedOut),
-                _ = abandoned(sink) => return Ok(Waited::Abandoned),
-            }
+            tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
@@ -452,10 +386,7 @@ impl Docker {
             .map_err(|e| classify(&format!("looking up throwaway {name}"), e))?;
         let labels = stale.config.and_then(|c| c.labels).unwrap_or_default();
         // Only a throwaway of the same name is ours to clear.
-        let (Some(stale_id), true) = (
-            stale.id,
-            labels.get(LABEL_THROWAWAY).map(String::as_str) == Some(name),
-        ) else {
+        let (Some(stale_id), true) = (stale.id, labels::is_throwaway(&labels, name)) else {
             return Err(refusal);
         };
         tracing::warn!(
@@ -471,6 +402,7 @@ impl Docker {
     async fn run_attached(
         &self,
         client: &Client,
+        name: &str,
         container: &str,
         process: &ProcessSpec,
     ) -> Result<ProcessOutcome> {
@@ -488,7 +420,11 @@ impl Docker {
             .await
             .map_err(|e| classify("attaching to a throwaway container", e))?;
         let started = Instant::now();
-        let deadline = started + process.timeout;
+        let watched = Watched {
+            machine: name,
+            deadline: started + process.timeout,
+            output: &process.output,
+        };
         client
             .start_container(container, None::<StartContainerOptions>)
             .await
@@ -499,45 +435,29 @@ impl Docker {
             process.output_limit,
             process.output.clone(),
         );
-        let mut ending = pump.run(deadline).await;
-        let mut exit_code = None;
-        if let Ending::Ended = ending {
-            let options = WaitContainerOptions {
-                condition: "not-running".to_owned(),
-            };
-            let mut wait = client.wait_container(container, Some(options));
-            tokio::select! {
-                waited = wait.next() => {
-                    exit_code = wait_outcome(waited)
-                        .map_err(|e| classify("waiting for a throwaway container", e))?
-                        .and_then(|c| i32::try_from(c).ok());
-                }
-                _ = tokio::time::sleep_until(deadline) => ending = Ending::TimedOut,
-                _ = abandoned(&process.output) => ending = Ending::Abandoned,
-            }
-        }
-        match ending {
-            Ending::Ended => {}
-            Ending::TimedOut | Ending::Abandoned => {
-                // Killing its init takes down every process in its pid namespace.
+        let ending = {
+            let ended = std::pin::pin!(async {
+                pump.read_all().await?;
+                let options = WaitContainerOptions {
+                    condition: "not-running".to_owned(),
+                };
+                let waited = client.wait_container(container, Some(options)).next().await;
+                let code = wait_outcome(waited)
+                    .map_err(|e| classify("waiting for a throwaway container", e))?;
+                Ok(code.and_then(|c| i32::try_from(c).ok()))
+            });
+            // Killing its init takes down every process in its pid namespace.
+            let kill = async {
                 let kill = KillContainerOptions {
                     signal: "SIGKILL".to_owned(),
                 };
                 if let Err(e) = client.kill_container(container, Some(kill)).await {
                     tracing::debug!(error = %classify("killing a throwaway container", e), "kill refused; removal follows");
                 }
-                pump.drain(OUTPUT_GRACE).await;
-            }
-            Ending::Failed(e) => return Err(e),
-        }
-        let (output, output_truncated) = pump.finish();
-        Ok(ProcessOutcome {
-            exit_code,
-            output,
-            output_truncated,
-            timed_out: matches!(ending, Ending::TimedOut),
-            duration: started.elapsed(),
-        })
+            };
+            watch(&watched, ended, kill).await
+        };
+        pump.outcome(ending, started).await
     }
 }
 
@@ -553,17 +473,12 @@ impl Runtime for Docker {
     }
 
     async fn ensure_image(&self, source: &ImageSource) -> Result<PinnedImage> {
-        self.ensure_image_impl(source).await
+        self.pinning.ensure(source, self, self.name()).await
     }
 
     async fn create_machine(&self, spec: &MachineSpec) -> Result<MachineInfo> {
         let client = self.engine.client().await?;
         let image = self.require_image(&spec.image.digest).await?;
-        let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
-        labels.insert(LABEL_ENVIRONMENT.to_owned(), spec.id.clone());
-        labels.insert(LABEL_DIGEST.to_owned(), spec.image.digest.to_string());
-        labels.insert(LABEL_WORKSPACE.to_owned(), spec.mount_point.clone());
-        labels.insert(LABEL_USER.to_owned(), spec.user.to_string());
         let mut host = host_config(&spec.workspace, &spec.mount_point, spec.network)?;
         // Machines come back when the engine restarts (it stops them with SIGTERM, so tini exits
         // non-zero and the engine restarts them on start-up), yet one whose main process was
@@ -589,7 +504,7 @@ impl Runtime for Docker {
             // containerd gives it, when it fits a hostname.
             hostname: (spec.network == Network::None && spec.id.len() <= 63)
                 .then(|| spec.id.clone()),
-            labels: Some(labels),
+            labels: Some(labels::machine_labels(spec)),
             host_config: Some(host),
             ..Default::default()
         };
@@ -615,15 +530,11 @@ impl Runtime for Docker {
 
     async fn run(&self, id: &str, spec: &ProcessSpec) -> Result<ProcessOutcome> {
         let client = self.engine.client().await?;
-        let machine = match self.machine(client, id).await? {
-            Some(m) if m.state == MachineState::Running => m,
-            _ => {
-                return Err(RuntimeError::plain(
-                    ErrorKind::NotFound,
-                    format!("docker: machine {id} is not running"),
-                ))
-            }
-        };
+        let found = self.machine(client, id).await?.map(|m| {
+            let state = m.state;
+            (m, state)
+        });
+        let machine = require_running(self.name(), id, found)?;
         self.exec_in(client, id, &machine, spec).await
     }
 
@@ -651,10 +562,7 @@ impl Runtime for Docker {
                     .clone()
                     .unwrap_or_else(|| spec.mount_point.clone()),
             ),
-            labels: Some(HashMap::from([(
-                LABEL_THROWAWAY.to_owned(),
-                spec.name.clone(),
-            )])),
+            labels: Some(labels::throwaway_labels(&spec.name)),
             attach_stdin: Some(has_stdin),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
@@ -668,7 +576,9 @@ impl Runtime for Docker {
         let container = self
             .create_throwaway(client, &spec.name, &spec.image.digest, body)
             .await?;
-        let outcome = self.run_attached(client, &container, process).await;
+        let outcome = self
+            .run_attached(client, &spec.name, &container, process)
+            .await;
         // Whatever happened, the throwaway goes.
         if let Err(e) = self.remove_container(client, &container).await {
             tracing::warn!(container = %spec.name, error = %e, "could not remove a throwaway container");
@@ -698,22 +608,13 @@ impl Runtime for Docker {
             .list_containers(Some(options))
             .await
             .map_err(|e| classify("listing machines", e))?;
-        let mut machines: Vec<MachineInfo> = containers
-            .into_iter()
-            .filter_map(|c| {
-                let labels = c.labels.unwrap_or_default();
-                Some(MachineInfo {
-                    id: labels.get(LABEL_ENVIRONMENT)?.clone(),
-                    digest: labels.get(LABEL_DIGEST).and_then(|d| d.parse().ok()),
-                    state: match c.state {
-                        Some(ContainerSummaryStateEnum::RUNNING) => MachineState::Running,
-                        _ => MachineState::Stopped,
-                    },
-                })
-            })
-            .collect();
-        machines.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(machines)
+        Ok(labels::machines(containers.into_iter().map(|c| {
+            let state = match c.state {
+                Some(ContainerSummaryStateEnum::RUNNING) => MachineState::Running,
+                _ => MachineState::Stopped,
+            };
+            (c.labels.unwrap_or_default(), state)
+        })))
     }
 
     async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>> {
