@@ -8,18 +8,14 @@ use std::time::{Duration, SystemTime};
 use containerd_client::services::v1::snapshots::{
     CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
 };
-use containerd_client::services::v1::{
-    ApplyRequest, CreateImageRequest, GetImageRequest, Image, Info, InfoRequest,
-    ReadContentRequest, UpdateRequest, WriteAction, WriteContentRequest,
-};
+use containerd_client::services::v1::{ApplyRequest, CreateImageRequest, GetImageRequest, Image};
 use containerd_client::services::v1::{CreateRequest as CreateLease, DeleteRequest as DeleteLease};
 use containerd_client::types::Descriptor as GrpcDescriptor;
-use futures_util::StreamExt;
 use narya_oci::manifest::{chain_ids, Descriptor, ImageConfig, ImageManifest};
 use narya_oci::{Digest, ImageReference};
 
 use super::client::{classify, is_not_found};
-use super::Containerd;
+use super::{unique, Containerd};
 use crate::pinning::{check_layers, LocalImages};
 use crate::{ErrorKind, Result, RuntimeError};
 
@@ -31,8 +27,6 @@ pub(crate) struct LocalImage {
     /// The chain id of the top layer: the parent of every machine's snapshot.
     pub top_chain: Digest,
 }
-
-const WRITE_CHUNK: usize = 1 << 20;
 
 /// The containerd image name for a pinned digest; the name itself pins it.
 pub(crate) fn image_name(digest: &Digest) -> String {
@@ -48,14 +42,6 @@ fn descriptor(d: &Descriptor) -> GrpcDescriptor {
     }
 }
 
-fn nonce() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    format!("{}-{nanos}", std::process::id())
-}
-
 #[async_trait::async_trait]
 impl LocalImages for Containerd {
     async fn has_image(&self, digest: &Digest) -> Result<bool> {
@@ -66,7 +52,7 @@ impl LocalImages for Containerd {
     /// image record holds it; other processes pulling the same image race safely through
     /// AlreadyExists.
     async fn bring_image(&self, reference: &ImageReference, digest: &Digest) -> Result<()> {
-        let lease = format!("narya-pull-{}", nonce());
+        let lease = unique("narya-pull");
         let expire =
             humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(3600))
                 .to_string();
@@ -174,125 +160,6 @@ impl Containerd {
         }
     }
 
-    /// Whether the content store has `digest`; when it does, makes sure it carries `labels`.
-    async fn has_content(&self, digest: &Digest, labels: &HashMap<String, String>) -> Result<bool> {
-        let info = match self
-            .conn
-            .content()
-            .info(self.conn.request(InfoRequest {
-                digest: digest.to_string(),
-            }))
-            .await
-        {
-            Ok(r) => r.into_inner().info,
-            Err(e) if is_not_found(&e) => return Ok(false),
-            Err(e) => return Err(classify("reading content info", e)),
-        };
-        let Some(info) = info else { return Ok(false) };
-        if labels.iter().all(|(k, v)| info.labels.get(k) == Some(v)) {
-            return Ok(true);
-        }
-        self.conn
-            .content()
-            .update(self.conn.request(UpdateRequest {
-                info: Some(Info {
-                    digest: digest.to_string(),
-                    labels: labels.clone(),
-                    ..Default::default()
-                }),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: labels.keys().map(|k| format!("labels.{k}")).collect(),
-                }),
-            }))
-            .await
-            .map_err(|e| classify("labelling content", e))?;
-        Ok(true)
-    }
-
-    /// Writes `bytes` as `digest` through Content.Write's lock-step stream; containerd checks
-    /// the digest on commit. A blob that appeared meanwhile is fine.
-    async fn write_content(
-        &self,
-        digest: &Digest,
-        bytes: &[u8],
-        labels: HashMap<String, String>,
-        lease: &str,
-    ) -> Result<()> {
-        let reference = format!("narya-{}-{}", digest.hex(), nonce());
-        let total = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
-        let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(2);
-        let stream =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
-            );
-        let mut messages = Vec::new();
-        let mut offset = 0usize;
-        for chunk in bytes.chunks(WRITE_CHUNK) {
-            messages.push(WriteContentRequest {
-                action: WriteAction::Write as i32,
-                r#ref: reference.clone(),
-                total,
-                expected: digest.to_string(),
-                offset: i64::try_from(offset).unwrap_or(i64::MAX),
-                data: chunk.to_vec(),
-                labels: HashMap::new(),
-            });
-            offset += chunk.len();
-        }
-        messages.push(WriteContentRequest {
-            action: WriteAction::Commit as i32,
-            r#ref: reference,
-            total,
-            expected: digest.to_string(),
-            offset: total,
-            data: Vec::new(),
-            labels,
-        });
-        let mut messages = messages.into_iter();
-        // The first message is queued before the call: containerd answers nothing until it
-        // has one, and the call does not return until it answers.
-        if let Some(first) = messages.next() {
-            let _ = tx.send(first).await;
-        }
-        let mut responses = match self
-            .conn
-            .content()
-            .write(self.conn.leased(stream, lease))
-            .await
-        {
-            Ok(r) => r.into_inner(),
-            Err(e) if e.code() == tonic::Code::AlreadyExists => return Ok(()),
-            Err(e) => return Err(classify(&format!("writing {digest}"), e)),
-        };
-        loop {
-            match responses.next().await {
-                Some(Ok(_)) => {}
-                Some(Err(e)) if e.code() == tonic::Code::AlreadyExists => return Ok(()),
-                Some(Err(e)) => return Err(classify(&format!("writing {digest}"), e)),
-                None => break,
-            }
-            match messages.next() {
-                Some(m) => {
-                    if tx.send(m).await.is_err() {
-                        break;
-                    }
-                }
-                None => break,
-            }
-        }
-        drop(tx);
-        // Drain whatever is left so the stream ends cleanly.
-        while let Some(r) = responses.next().await {
-            if let Err(e) = r {
-                if e.code() != tonic::Code::AlreadyExists {
-                    return Err(classify(&format!("committing {digest}"), e));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Applies each layer onto its parent's snapshot and commits it under its chain id.
     async fn unpack(
         &self,
@@ -320,7 +187,7 @@ impl Containerd {
                 Err(e) if is_not_found(&e) => {}
                 Err(e) => return Err(classify("checking a layer snapshot", e)),
             }
-            let key = format!("narya-extract-{}-{}", nonce(), chain[i].hex());
+            let key = unique(&format!("narya-extract-{}", chain[i].hex()));
             let mounts = self
                 .conn
                 .snapshots()
@@ -459,32 +326,5 @@ impl Containerd {
             .await
             .insert(digest.clone(), local.clone());
         Ok(local)
-    }
-
-    /// Reads a whole blob from the content store, verified.
-    async fn read_content(&self, digest: &Digest) -> Result<Vec<u8>> {
-        let mut stream = self
-            .conn
-            .content()
-            .read(self.conn.request(ReadContentRequest {
-                digest: digest.to_string(),
-                offset: 0,
-                size: 0,
-            }))
-            .await
-            .map_err(|e| classify(&format!("reading {digest}"), e))?
-            .into_inner();
-        let mut bytes = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| classify(&format!("reading {digest}"), e))?;
-            bytes.extend_from_slice(&chunk.data);
-        }
-        if !digest.verifies(&bytes) {
-            return Err(RuntimeError::plain(
-                ErrorKind::Image,
-                format!("content {digest} in containerd does not match its digest"),
-            ));
-        }
-        Ok(bytes)
     }
 }
