@@ -54,7 +54,12 @@ impl ImagePinning {
         };
         let _pulling = self.one_pull_at_a_time.lock().await;
         if !store.has_image(&digest).await? {
-            tracing::info!(%digest, reference = %source.reference, runtime, "making the official image available");
+            tracing::info!(
+                %digest,
+                reference = %source.reference,
+                runtime,
+                "making the official image available"
+            );
             store.bring_image(&source.reference, &digest).await?;
         }
         Ok(PinnedImage {

@@ -57,11 +57,17 @@ pub(crate) async fn watch<F: Future>(
     let ending = tokio::select! {
         outcome = ended => return Ending::Ended(outcome),
         _ = tokio::time::sleep_until(watched.deadline) => {
-            tracing::info!(machine = watched.machine, "process ran past its bound; killing it and its descendants");
+            tracing::info!(
+                machine = watched.machine,
+                "process ran past its bound; killing it and its descendants"
+            );
             Ending::TimedOut
         }
         _ = abandoned(watched.output) => {
-            tracing::info!(machine = watched.machine, "nobody reads the output any more; killing the process and its descendants");
+            tracing::info!(
+                machine = watched.machine,
+                "nobody reads the output any more; killing the process and its descendants"
+            );
             Ending::Abandoned
         }
     };

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use containerd_client::services::v1::{
-    CloseIoRequest, Container, CreateTaskRequest, DeleteProcessRequest, ExecProcessRequest,
-    KillRequest, StartRequest, WaitRequest,
+    CloseIoRequest, Container, DeleteProcessRequest, ExecProcessRequest, KillRequest, StartRequest,
+    WaitRequest,
 };
 use narya_oci::spec;
 use tokio::time::Instant;
@@ -34,6 +34,44 @@ fn merged_env(image_env: &[String], extra: &BTreeMap<String, String>) -> Vec<Str
         .collect();
     env.extend(extra.iter().map(|(k, v)| format!("{k}={v}")));
     env
+}
+
+/// A process's standard streams as containerd takes them: FIFOs we made and hold the other end of.
+struct Stdio {
+    output: OutputFifo,
+    input: Option<InputFifo>,
+}
+
+/// How a watched process ended.
+struct Ended {
+    /// `None` when it was killed.
+    exit_code: Option<i32>,
+    timed_out: bool,
+}
+
+impl Stdio {
+    /// The paths to give containerd as (stdin, stdout and stderr); no input is an empty path.
+    fn paths(&self) -> (String, String) {
+        let stdin = self
+            .input
+            .as_ref()
+            .map(|i| i.path().display().to_string())
+            .unwrap_or_default();
+        (stdin, self.output.path().display().to_string())
+    }
+
+    /// What became of the process that ran from `started`: its output is collected once every
+    /// writer closed, or the grace passed (a background child may hold stdout open).
+    async fn outcome(self, ended: Ended, started: Instant) -> ProcessOutcome {
+        let (output, output_truncated) = self.output.collect(OUTPUT_GRACE).await;
+        ProcessOutcome {
+            exit_code: ended.exit_code,
+            output,
+            output_truncated,
+            timed_out: ended.timed_out,
+            duration: started.elapsed(),
+        }
+    }
 }
 
 impl Containerd {
@@ -75,46 +113,14 @@ impl Containerd {
             )
             .await?;
         let outcome = async {
-            let mut fifo = OutputFifo::create(
-                &self.fifo_dir.join(&id),
-                spec_in.process.output_limit,
-                spec_in.process.output.clone(),
-            )
-            .map_err(|e| RuntimeError::caused(ErrorKind::Other, "cannot make an output FIFO", e))?;
-            let input = self.input_fifo(&id, spec_in.process.stdin.as_ref())?;
-            let started_at = Instant::now();
-            let fifo_path = fifo.path().display().to_string();
-            self.conn
-                .tasks()
-                .create(
-                    self.conn.request(CreateTaskRequest {
-                        container_id: id.clone(),
-                        rootfs: mounts,
-                        stdin: input
-                            .as_ref()
-                            .map(|i| i.path().display().to_string())
-                            .unwrap_or_default(),
-                        stdout: fifo_path.clone(),
-                        stderr: fifo_path,
-                        terminal: false,
-                        checkpoint: None,
-                        options: None,
-                        runtime_path: String::new(),
-                    }),
-                )
-                .await
-                .map_err(|e| classify("creating a throwaway task", e))?;
-            let (exit_code, timed_out) = self
-                .start_and_wait(&id, "", &spec_in.process, &mut fifo, input)
+            let mut stdio = self.stdio(&id, &spec_in.process)?;
+            let (stdin, stdout) = stdio.paths();
+            let started = Instant::now();
+            self.create_task(&id, mounts, stdin, stdout).await?;
+            let ended = self
+                .start_and_wait(&id, "", &spec_in.process, &mut stdio)
                 .await?;
-            let (output, output_truncated) = fifo.collect(OUTPUT_GRACE).await;
-            Ok(ProcessOutcome {
-                exit_code,
-                output,
-                output_truncated,
-                timed_out,
-                duration: started_at.elapsed(),
-            })
+            Ok(stdio.outcome(ended, started).await)
         }
         .await;
         // Whatever happened, the throwaway goes.
@@ -154,36 +160,23 @@ impl Containerd {
             gid: run_as.user.gid,
         });
         let exec_id = unique("exec");
-        let mut fifo = OutputFifo::create(
-            &self.fifo_dir.join(&exec_id),
-            spec_in.output_limit,
-            spec_in.output.clone(),
-        )
-        .map_err(|e| RuntimeError::caused(ErrorKind::Other, "cannot make an output FIFO", e))?;
-        let fifo_path = fifo.path().display().to_string();
-        let input = self.input_fifo(&exec_id, spec_in.stdin.as_ref())?;
-        let started_at = Instant::now();
+        let mut stdio = self.stdio(&exec_id, spec_in)?;
+        let (stdin, stdout) = stdio.paths();
+        let started = Instant::now();
         self.conn
             .tasks()
-            .exec(
-                self.conn.request(ExecProcessRequest {
-                    container_id: id.to_owned(),
-                    stdin: input
-                        .as_ref()
-                        .map(|i| i.path().display().to_string())
-                        .unwrap_or_default(),
-                    stdout: fifo_path.clone(),
-                    stderr: fifo_path,
-                    terminal: false,
-                    spec: Some(spec_any(&process, spec::PROCESS_TYPE_URL)?),
-                    exec_id: exec_id.clone(),
-                }),
-            )
+            .exec(self.conn.request(ExecProcessRequest {
+                container_id: id.to_owned(),
+                stdin,
+                stdout: stdout.clone(),
+                stderr: stdout,
+                terminal: false,
+                spec: Some(spec_any(&process, spec::PROCESS_TYPE_URL)?),
+                exec_id: exec_id.clone(),
+            }))
             .await
             .map_err(|e| classify(&format!("starting a process in {id}"), e))?;
-        let outcome = self
-            .start_and_wait(id, &exec_id, spec_in, &mut fifo, input)
-            .await;
+        let ended = self.start_and_wait(id, &exec_id, spec_in, &mut stdio).await;
         let _ = self
             .conn
             .tasks()
@@ -192,38 +185,37 @@ impl Containerd {
                 exec_id: exec_id.clone(),
             }))
             .await;
-        let (exit_code, timed_out) = outcome?;
-        let (output, output_truncated) = fifo.collect(OUTPUT_GRACE).await;
-        Ok(ProcessOutcome {
-            exit_code,
-            output,
-            output_truncated,
-            timed_out,
-            duration: started_at.elapsed(),
-        })
+        Ok(stdio.outcome(ended?, started).await)
     }
 
-    /// The FIFO carrying `stdin` to process `name`, when there is input.
-    fn input_fifo(&self, name: &str, stdin: Option<&Vec<u8>>) -> Result<Option<InputFifo>> {
-        stdin
+    /// The FIFOs of process `name`: its output always, its input when it has some.
+    fn stdio(&self, name: &str, process: &ProcessSpec) -> Result<Stdio> {
+        let output = OutputFifo::create(
+            &self.fifo_dir.join(name),
+            process.output_limit,
+            process.output.clone(),
+        )
+        .map_err(|e| RuntimeError::caused(ErrorKind::Other, "cannot make an output FIFO", e))?;
+        let input = process
+            .stdin
+            .as_ref()
             .map(|bytes| {
-                InputFifo::create(&self.fifo_dir.join(format!("{name}-in")), bytes.clone()).map_err(
-                    |e| RuntimeError::caused(ErrorKind::Other, "cannot make an input FIFO", e),
-                )
+                InputFifo::create(&self.fifo_dir.join(format!("{name}-in")), bytes.clone())
             })
             .transpose()
+            .map_err(|e| RuntimeError::caused(ErrorKind::Other, "cannot make an input FIFO", e))?;
+        Ok(Stdio { output, input })
     }
 
-    /// Starts process `exec_id` (empty: the task itself) and waits up to `timeout`; on time-out
-    /// kills it and everything it started. Returns (exit code or None when killed, timed out).
+    /// Starts process `exec_id` (empty: the task itself) and watches it to its end: on time-out,
+    /// or when nobody reads its output, it is killed with everything it started.
     async fn start_and_wait(
         &self,
         id: &str,
         exec_id: &str,
         process: &ProcessSpec,
-        fifo: &mut OutputFifo,
-        input: Option<InputFifo>,
-    ) -> Result<(Option<i32>, bool)> {
+        stdio: &mut Stdio,
+    ) -> Result<Ended> {
         let mut tasks = self.conn.tasks();
         // Wait answers for an exited process too until it is deleted, so it may follow Start.
         let wait_request = self.conn.request(WaitRequest {
@@ -236,14 +228,14 @@ impl Containerd {
                 exec_id: exec_id.to_owned(),
             }))
             .await;
-        fifo.writer_attached();
+        stdio.output.writer_attached();
         let pid = started
             .map_err(|e| classify(&format!("starting a process in {id}"), e))?
             .into_inner()
             .pid;
         // containerd holds the input open until told otherwise: once our bytes are in, close it
         // so the process reads end of file.
-        let feeding = input.map(|mut input| {
+        let feeding = stdio.input.take().map(|mut input| {
             let conn = self.conn.clone();
             let request = CloseIoRequest {
                 container_id: id.to_owned(),
@@ -281,7 +273,10 @@ impl Containerd {
         } else {
             i32::try_from(status).ok()
         };
-        Ok((exit_code, timed_out))
+        Ok(Ended {
+            exit_code,
+            timed_out,
+        })
     }
 
     /// Kills process `exec_id` of task `id` (host pid `pid`) and everything it started; for

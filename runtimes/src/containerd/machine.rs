@@ -70,7 +70,7 @@ impl Containerd {
                 labels,
             )
             .await?;
-        if let Err(e) = self.start_task(&spec_in.id, mounts, "").await {
+        if let Err(e) = self.start_task(&spec_in.id, mounts).await {
             let _ = self.stop_task(&spec_in.id).await;
             self.delete_container(&spec_in.id).await;
             return Err(e);
@@ -163,7 +163,7 @@ impl Containerd {
             None => {}
         }
         let mounts = self.mounts(id).await?;
-        self.start_task(id, mounts, "").await.map(|_| ())
+        self.start_task(id, mounts).await.map(|_| ())
     }
 
     /// `Runtime::remove`: task, container record, then snapshot; each gone already is fine.
@@ -240,16 +240,23 @@ impl Containerd {
             .mounts)
     }
 
-    /// Creates and starts the task of container `id` on its snapshot; stdio as given.
-    async fn start_task(&self, id: &str, rootfs: Vec<Mount>, output: &str) -> Result<u32> {
+    /// Creates the task of container `id` on its snapshot, reading `stdin` and writing
+    /// `stdout` (with stderr): FIFO paths, or empty for none.
+    pub(super) async fn create_task(
+        &self,
+        id: &str,
+        rootfs: Vec<Mount>,
+        stdin: String,
+        stdout: String,
+    ) -> Result<()> {
         self.conn
             .tasks()
             .create(self.conn.request(CreateTaskRequest {
                 container_id: id.to_owned(),
                 rootfs,
-                stdin: String::new(),
-                stdout: output.to_owned(),
-                stderr: output.to_owned(),
+                stdin,
+                stdout: stdout.clone(),
+                stderr: stdout,
                 terminal: false,
                 checkpoint: None,
                 options: None,
@@ -257,6 +264,13 @@ impl Containerd {
             }))
             .await
             .map_err(|e| classify(&format!("creating the task of {id}"), e))?;
+        Ok(())
+    }
+
+    /// Creates and starts the task of machine `id` on its snapshot: its init has no stdio.
+    async fn start_task(&self, id: &str, rootfs: Vec<Mount>) -> Result<u32> {
+        self.create_task(id, rootfs, String::new(), String::new())
+            .await?;
         let started = self
             .conn
             .tasks()

@@ -147,6 +147,18 @@ pub(super) fn classify(what: &str, error: EngineError) -> RuntimeError {
     RuntimeError::caused(kind, format!("docker: {what}"), error)
 }
 
+/// What the engine answered, or `None` when it answered 404: the thing asked about is not there,
+/// which is an answer to the caller, not a failure.
+pub(super) fn found<T>(what: &str, answer: Result<T, EngineError>) -> Result<Option<T>> {
+    match answer {
+        Ok(value) => Ok(Some(value)),
+        Err(e) => match classify(what, e) {
+            e if e.kind() == ErrorKind::NotFound => Ok(None),
+            other => Err(other),
+        },
+    }
+}
+
 /// The exit code a container wait reported, if it reported one: bollard turns a non-zero exit
 /// into an error carrying the code, which is no failure of ours.
 pub(super) fn wait_outcome(
@@ -173,6 +185,21 @@ mod tests {
         assert!(!supported("1.9"));
         assert!(!supported(""));
         assert!(!supported("one.41"));
+    }
+
+    #[test]
+    fn an_answer_of_404_is_found_to_be_missing() {
+        let missing = EngineError::DockerResponseServerError {
+            status_code: 404,
+            message: "no such container".into(),
+        };
+        assert!(matches!(found("x", Err::<(), _>(missing)), Ok(None)));
+        assert!(matches!(found("x", Ok(1)), Ok(Some(1))));
+        let down = found::<()>("x", Err(EngineError::RequestTimeoutError));
+        assert_eq!(
+            down.map_err(|e| e.kind()).err(),
+            Some(ErrorKind::Unavailable)
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use bollard::Docker as Client;
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
-use super::engine::{classify, wait_outcome};
+use super::engine::{classify, found, wait_outcome};
 use super::machine::{host_config, Machine};
 use super::process::{Feeding, OutputPump};
 use super::Docker;
@@ -160,15 +160,10 @@ impl Docker {
     async fn exec_exit(&self, client: &Client, exec: &str) -> Result<Option<i32>> {
         let mut pause = Duration::from_millis(5);
         loop {
-            let info = match client.inspect_exec(exec).await {
-                Ok(info) => info,
-                Err(e) => {
-                    return match classify("reading a process's exit code", e) {
-                        // The machine was removed under it, and the process with it.
-                        e if e.kind() == ErrorKind::NotFound => Ok(None),
-                        other => Err(other),
-                    };
-                }
+            let answer = client.inspect_exec(exec).await;
+            let Some(info) = found("reading a process's exit code", answer)? else {
+                // The machine was removed under it, and the process with it.
+                return Ok(None);
             };
             if info.running == Some(false) && info.exit_code.is_some() {
                 return Ok(info.exit_code.and_then(|c| i32::try_from(c).ok()));

@@ -13,7 +13,7 @@ use narya_oci::manifest::{
 };
 use narya_oci::{Digest, ImageReference, RegistryReference};
 
-use super::engine::classify;
+use super::engine::{classify, found};
 use super::Docker;
 use crate::pinning::{check_layers, LocalImages};
 use crate::{ErrorKind, Result, RuntimeError};
@@ -74,16 +74,12 @@ impl Docker {
             return Ok(true);
         }
         let client = self.engine.client().await?;
-        match client.inspect_image(&local_tag(digest)).await {
-            Ok(_) => {
-                self.images.lock().await.insert(digest.clone());
-                Ok(true)
-            }
-            Err(e) => match classify(&format!("looking up image {digest}"), e) {
-                RuntimeError::NotFound { .. } => Ok(false),
-                other => Err(other),
-            },
+        let answer = client.inspect_image(&local_tag(digest)).await;
+        if found(&format!("looking up image {digest}"), answer)?.is_none() {
+            return Ok(false);
         }
+        self.images.lock().await.insert(digest.clone());
+        Ok(true)
     }
 
     /// Pulls `reference` by `digest`; returns the name the engine now knows it by.

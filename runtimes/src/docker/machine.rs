@@ -17,7 +17,7 @@ use bollard::Docker as Client;
 use narya_oci::Digest;
 use tokio::time::Instant;
 
-use super::engine::classify;
+use super::engine::{classify, found};
 use super::image::local_tag;
 use super::Docker;
 use crate::labels::{self, LABEL_ENVIRONMENT};
@@ -218,17 +218,11 @@ impl Docker {
     /// labelled as that environment's machine (the engine's names are shared with everything
     /// else on the host, so an unlabelled namesake is not ours to run in or remove).
     pub(super) async fn machine(&self, client: &Client, id: &str) -> Result<Option<Machine>> {
-        let found = match client
+        let answer = client
             .inspect_container(id, None::<InspectContainerOptions>)
-            .await
-        {
-            Ok(found) => found,
-            Err(e) => {
-                return match classify(&format!("looking up machine {id}"), e) {
-                    RuntimeError::NotFound { .. } => Ok(None),
-                    other => Err(other),
-                }
-            }
+            .await;
+        let Some(found) = found(&format!("looking up machine {id}"), answer)? else {
+            return Ok(None);
         };
         let labels = found.config.and_then(|c| c.labels).unwrap_or_default();
         if !labels::is_machine(&labels, id) {
@@ -266,25 +260,25 @@ impl Docker {
             v: true,
             link: false,
         };
-        match client.remove_container(container, Some(options)).await {
-            Ok(()) => return Ok(()),
-            Err(e) => match classify(&format!("removing container {container}"), e) {
-                RuntimeError::NotFound { .. } => return Ok(()),
-                // 409: "removal already in progress" from another caller.
-                RuntimeError::AlreadyExists { .. } => {}
-                other => return Err(other),
-            },
+        let answer = client.remove_container(container, Some(options)).await;
+        match found(&format!("removing container {container}"), answer) {
+            // Removed now, or gone already.
+            Ok(_) => return Ok(()),
+            // 409: "removal already in progress" from another caller.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
         }
         let until = Instant::now() + REMOVAL_WAIT;
         loop {
-            match client
+            let answer = client
                 .inspect_container(container, None::<InspectContainerOptions>)
-                .await
-            {
-                Ok(_) if Instant::now() < until => {
+                .await;
+            match found(&format!("waiting for {container} to go"), answer)? {
+                None => return Ok(()),
+                Some(_) if Instant::now() < until => {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
-                Ok(_) => {
+                Some(_) => {
                     return Err(RuntimeError::plain(
                         ErrorKind::Other,
                         format!(
@@ -292,12 +286,6 @@ impl Docker {
                             REMOVAL_WAIT.as_secs()
                         ),
                     ))
-                }
-                Err(e) => {
-                    return match classify(&format!("waiting for {container} to go"), e) {
-                        RuntimeError::NotFound { .. } => Ok(()),
-                        other => Err(other),
-                    }
                 }
             }
         }
