@@ -82,6 +82,15 @@ fn parse_user(label: &str) -> Option<User> {
     })
 }
 
+/// The machine `spec` describes, as listings report it once it is made and running.
+pub(crate) fn running_machine(spec: &MachineSpec) -> MachineInfo {
+    MachineInfo {
+        id: spec.id.clone(),
+        digest: Some(spec.image.digest.clone()),
+        state: MachineState::Running,
+    }
+}
+
 /// The machines among `found` (each container's labels and state), in id order; containers
 /// without our label are not machines.
 pub(crate) fn machines(
@@ -167,14 +176,8 @@ mod tests {
         let elsewhere = run_as("env-1", &labels, &process(Some("/tmp"))).unwrap();
         assert_eq!(elsewhere.cwd, "/tmp");
         let listed = machines([(labels, MachineState::Running)]);
-        assert_eq!(
-            listed,
-            [MachineInfo {
-                id: "env-1".to_owned(),
-                digest: Some(digest()),
-                state: MachineState::Running,
-            }]
-        );
+        assert_eq!(listed, [running_machine(&spec())]);
+        assert_eq!(listed[0].digest, Some(digest()));
     }
 
     #[test]

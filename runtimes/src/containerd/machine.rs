@@ -75,11 +75,7 @@ impl Containerd {
             self.delete_container(&spec_in.id).await;
             return Err(e);
         }
-        Ok(MachineInfo {
-            id: spec_in.id.clone(),
-            digest: Some(spec_in.image.digest.clone()),
-            state: MachineState::Running,
-        })
+        Ok(labels::running_machine(spec_in))
     }
 
     /// `Runtime::inspect`.

@@ -76,9 +76,7 @@ impl Docker {
             host_config: Some(host),
             ..Default::default()
         };
-        let container = self
-            .create_throwaway(client, &spec.name, &spec.image.digest, body)
-            .await?;
+        let container = self.create_throwaway(client, spec, body).await?;
         let outcome = self
             .run_attached(client, &spec.name, &container, process)
             .await;

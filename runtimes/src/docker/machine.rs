@@ -21,7 +21,9 @@ use super::engine::{classify, found};
 use super::image::local_tag;
 use super::Docker;
 use crate::labels::{self, LABEL_ENVIRONMENT};
-use crate::{ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError};
+use crate::{
+    ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError, ThrowawaySpec,
+};
 
 /// How long a removal already under way in the engine is waited for.
 const REMOVAL_WAIT: Duration = Duration::from_secs(30);
@@ -129,11 +131,7 @@ impl Docker {
             }
             return Err(e);
         }
-        Ok(MachineInfo {
-            id: spec.id.clone(),
-            digest: Some(spec.image.digest.clone()),
-            state: MachineState::Running,
-        })
+        Ok(labels::running_machine(spec))
     }
 
     /// `Runtime::inspect`.
@@ -317,14 +315,15 @@ impl Docker {
         }
     }
 
-    /// Creates throwaway `name`; one left behind by a daemon that died mid-run is cleared first.
+    /// Creates the throwaway `spec` names from `body`; one of that name left behind by a daemon
+    /// that died mid-run is cleared first.
     pub(super) async fn create_throwaway(
         &self,
         client: &Client,
-        name: &str,
-        digest: &Digest,
+        spec: &ThrowawaySpec,
         body: ContainerCreateBody,
     ) -> Result<String> {
+        let (name, digest) = (spec.name.as_str(), &spec.image.digest);
         let refusal = match self
             .create_container(client, name, digest, body.clone())
             .await
