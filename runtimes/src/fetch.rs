@@ -6,7 +6,7 @@ use narya_oci::manifest::{Descriptor, ImageConfig, ImageManifest};
 use narya_oci::registry::RegistryClient;
 use narya_oci::{Digest, ImageReference};
 
-use crate::{Result, RuntimeError};
+use crate::{ErrorKind, Result, RuntimeError};
 
 /// Fetches manifests, configs and blobs of the official image, verified.
 #[derive(Clone)]
@@ -14,8 +14,8 @@ pub struct ImageFetcher {
     registry: std::sync::Arc<RegistryClient>,
 }
 
-fn image_error(reference: &ImageReference, e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Image(format!("official image {reference}: {e}"))
+fn image_error(reference: &ImageReference, e: impl Into<crate::Cause>) -> RuntimeError {
+    RuntimeError::caused(ErrorKind::Image, format!("official image {reference}"), e)
 }
 
 async fn with_layout<T: Send + 'static>(
@@ -26,7 +26,9 @@ async fn with_layout<T: Send + 'static>(
     let dir = dir.to_owned();
     let outcome = tokio::task::spawn_blocking(move || Layout::open(dir).and_then(|l| work(&l)))
         .await
-        .map_err(|e| RuntimeError::Other(format!("reading the image layout panicked: {e}")))?;
+        .map_err(|e| {
+            RuntimeError::caused(ErrorKind::Other, "reading the image layout panicked", e)
+        })?;
     outcome.map_err(|e| image_error(reference, e))
 }
 
@@ -34,10 +36,9 @@ impl ImageFetcher {
     /// `insecure_registries` are reached over plain HTTP; every other registry over HTTPS.
     pub fn new(insecure_registries: Vec<String>) -> Result<ImageFetcher> {
         Ok(ImageFetcher {
-            registry: std::sync::Arc::new(
-                RegistryClient::new(insecure_registries)
-                    .map_err(|e| RuntimeError::Other(e.to_string()))?,
-            ),
+            registry: std::sync::Arc::new(RegistryClient::new(insecure_registries).map_err(
+                |e| RuntimeError::caused(ErrorKind::Other, "setting up the registry client", e),
+            )?),
         })
     }
 
@@ -99,12 +100,13 @@ impl ImageFetcher {
     ) -> Result<(ImageConfig, Vec<u8>)> {
         let bytes = self.blob(reference, &manifest.config).await?;
         let config = serde_json::from_slice(&bytes).map_err(|e| {
-            image_error(
-                reference,
+            RuntimeError::caused(
+                ErrorKind::Image,
                 format!(
-                    "config {} is not an image config: {e}",
+                    "official image {reference}: config {} is not an image config",
                     manifest.config.digest
                 ),
+                e,
             )
         })?;
         Ok((config, bytes))

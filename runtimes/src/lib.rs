@@ -20,29 +20,63 @@ pub mod output;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-/// The label every Narya machine carries, valued with its environment id.
-pub const LABEL_ENVIRONMENT: &str = "dev.narya.environment";
-/// The label carrying the pinned manifest digest a machine was made from.
-pub const LABEL_DIGEST: &str = "dev.narya.image-digest";
+mod labels;
+mod pinning;
+mod watch;
 
-/// How a runtime failed, so the daemon can tell waiting from giving up.
+pub use labels::{LABEL_DIGEST, LABEL_ENVIRONMENT};
+
+/// The underlying failure a [`RuntimeError`] carries as its source.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// How a runtime failed, so the daemon can tell waiting from giving up. Each variant says what
+/// failed (`what`, written by the back end for a person to act on) and keeps the failure under
+/// it as its source; its text follows `what` in the message, so a log line loses nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// The machine (or process, or image) asked for does not exist.
-    #[error("{0}")]
-    NotFound(String),
+    #[error("{what}{}", because(.source))]
+    NotFound {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// A machine of that id exists already.
-    #[error("{0}")]
-    AlreadyExists(String),
+    #[error("{what}{}", because(.source))]
+    AlreadyExists {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// The runtime is not answering; retrying later may succeed.
-    #[error("{0}")]
-    Unavailable(String),
+    #[error("{what}{}", because(.source))]
+    Unavailable {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// The image could not be resolved, fetched or verified.
-    #[error("{0}")]
-    Image(String),
-    /// Anything else; the message says what failed.
-    #[error("{0}")]
-    Other(String),
+    #[error("{what}{}", because(.source))]
+    Image {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    /// Anything else; `what` says what failed.
+    #[error("{what}{}", because(.source))]
+    Other {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
+}
+
+/// The source's text after the colon that joins it to what failed; nothing without a source.
+fn because(source: &Option<Cause>) -> String {
+    source
+        .as_ref()
+        .map(|source| format!(": {source}"))
+        .unwrap_or_default()
 }
 
 /// The kind of a [`RuntimeError`]: what the daemon decides on, whatever the back end.
@@ -59,23 +93,48 @@ impl RuntimeError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            RuntimeError::NotFound(_) => ErrorKind::NotFound,
-            RuntimeError::AlreadyExists(_) => ErrorKind::AlreadyExists,
-            RuntimeError::Unavailable(_) => ErrorKind::Unavailable,
-            RuntimeError::Image(_) => ErrorKind::Image,
-            RuntimeError::Other(_) => ErrorKind::Other,
+            RuntimeError::NotFound { .. } => ErrorKind::NotFound,
+            RuntimeError::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+            RuntimeError::Unavailable { .. } => ErrorKind::Unavailable,
+            RuntimeError::Image { .. } => ErrorKind::Image,
+            RuntimeError::Other { .. } => ErrorKind::Other,
         }
     }
 
     /// A failure of `kind` with no underlying error: a refusal, or a fault a fake injects.
     pub fn plain(kind: ErrorKind, message: impl Into<String>) -> RuntimeError {
-        let message = message.into();
+        RuntimeError::new(kind, message.into(), None)
+    }
+
+    /// A failure of `kind` while doing `what`, caused by `source`.
+    pub fn caused(
+        kind: ErrorKind,
+        what: impl Into<String>,
+        source: impl Into<Cause>,
+    ) -> RuntimeError {
+        RuntimeError::new(kind, what.into(), Some(source.into()))
+    }
+
+    /// The same failure counted as another kind: what a back end learns from the context of a
+    /// call (a missing image where a container was made is an image failure).
+    pub(crate) fn into_kind(self, kind: ErrorKind) -> RuntimeError {
+        let (what, source) = match self {
+            RuntimeError::NotFound { what, source }
+            | RuntimeError::AlreadyExists { what, source }
+            | RuntimeError::Unavailable { what, source }
+            | RuntimeError::Image { what, source }
+            | RuntimeError::Other { what, source } => (what, source),
+        };
+        RuntimeError::new(kind, what, source)
+    }
+
+    fn new(kind: ErrorKind, what: String, source: Option<Cause>) -> RuntimeError {
         match kind {
-            ErrorKind::NotFound => RuntimeError::NotFound(message),
-            ErrorKind::AlreadyExists => RuntimeError::AlreadyExists(message),
-            ErrorKind::Unavailable => RuntimeError::Unavailable(message),
-            ErrorKind::Image => RuntimeError::Image(message),
-            ErrorKind::Other => RuntimeError::Other(message),
+            ErrorKind::NotFound => RuntimeError::NotFound { what, source },
+            ErrorKind::AlreadyExists => RuntimeError::AlreadyExists { what, source },
+            ErrorKind::Unavailable => RuntimeError::Unavailable { what, source },
+            ErrorKind::Image => RuntimeError::Image { what, source },
+            ErrorKind::Other => RuntimeError::Other { what, source },
         }
     }
 }
@@ -243,4 +302,42 @@ pub trait Runtime: Send + Sync {
     /// Stops and deletes the machine and its writable layer, never the workspace. Idempotent:
     /// removing a missing machine succeeds. Errors: `Unavailable`; `Other`.
     async fn remove(&self, id: &str) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_plain_failure_reads_as_its_message() {
+        let e = RuntimeError::plain(ErrorKind::NotFound, "docker: machine m is not running");
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert_eq!(e.to_string(), "docker: machine m is not running");
+        assert!(e.source().is_none());
+    }
+
+    #[test]
+    fn a_caused_failure_reads_as_what_then_its_source_and_keeps_it() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let text = refused.to_string();
+        let e = RuntimeError::caused(ErrorKind::Unavailable, "containerd: listing", refused);
+        assert_eq!(e.to_string(), format!("containerd: listing: {text}"));
+        let source = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            source.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::ConnectionRefused)
+        );
+    }
+
+    #[test]
+    fn another_kind_keeps_the_words_and_the_source() {
+        let e = RuntimeError::caused(ErrorKind::NotFound, "docker: creating c", "no such image");
+        let text = e.to_string();
+        let image = e.into_kind(ErrorKind::Image);
+        assert!(matches!(image, RuntimeError::Image { .. }));
+        assert_eq!(image.to_string(), text);
+        assert!(image.source().is_some());
+    }
 }

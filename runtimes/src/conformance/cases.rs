@@ -210,7 +210,7 @@ async fn unknown_digest_fails_as_an_image_error(c: &Context<'_>) -> Result<(), O
         })
         .await
     {
-        Err(RuntimeError::Image(_)) => Ok(()),
+        Err(RuntimeError::Image { .. }) => Ok(()),
         other => Err(fail(format!("expected an Image error, got {other:?}"))),
     }
 }
@@ -262,7 +262,7 @@ async fn create_on_an_existing_id_is_already_exists(c: &Context<'_>) -> Result<(
         labels: BTreeMap::new(),
     };
     match c.runtime.create_machine(&spec).await {
-        Err(RuntimeError::AlreadyExists(_)) => {}
+        Err(RuntimeError::AlreadyExists { .. }) => {}
         other => return Err(fail(format!("expected AlreadyExists, got {other:?}"))),
     }
     // The first machine is untouched.
@@ -647,7 +647,7 @@ async fn run_in_a_missing_machine_is_not_found(c: &Context<'_>) -> Result<(), Ou
         )
         .await
     {
-        Err(RuntimeError::NotFound(_)) => Ok(()),
+        Err(RuntimeError::NotFound { .. }) => Ok(()),
         other => Err(fail(format!("expected NotFound, got {other:?}"))),
     }
 }
@@ -770,7 +770,7 @@ async fn unreachable_runtime_is_unavailable(c: &Context<'_>) -> Result<(), Outco
         ));
     };
     match unreachable.inspect(&c.machine_id(0)).await {
-        Err(RuntimeError::Unavailable(_)) => {}
+        Err(RuntimeError::Unavailable { .. }) => {}
         other => {
             return Err(fail(format!(
                 "inspect: expected Unavailable, got {other:?}"
@@ -778,11 +778,11 @@ async fn unreachable_runtime_is_unavailable(c: &Context<'_>) -> Result<(), Outco
         }
     }
     match unreachable.list().await {
-        Err(RuntimeError::Unavailable(_)) => {}
+        Err(RuntimeError::Unavailable { .. }) => {}
         other => return Err(fail(format!("list: expected Unavailable, got {other:?}"))),
     }
     match unreachable.remove(&c.machine_id(0)).await {
-        Err(RuntimeError::Unavailable(_)) => Ok(()),
+        Err(RuntimeError::Unavailable { .. }) => Ok(()),
         other => Err(fail(format!("remove: expected Unavailable, got {other:?}"))),
     }
 }

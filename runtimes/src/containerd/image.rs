@@ -8,19 +8,16 @@ use std::time::{Duration, SystemTime};
 use containerd_client::services::v1::snapshots::{
     CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
 };
-use containerd_client::services::v1::{
-    ApplyRequest, CreateImageRequest, GetImageRequest, Image, Info, InfoRequest,
-    ReadContentRequest, UpdateRequest, WriteAction, WriteContentRequest,
-};
+use containerd_client::services::v1::{ApplyRequest, CreateImageRequest, GetImageRequest, Image};
 use containerd_client::services::v1::{CreateRequest as CreateLease, DeleteRequest as DeleteLease};
 use containerd_client::types::Descriptor as GrpcDescriptor;
-use futures_util::StreamExt;
 use narya_oci::manifest::{chain_ids, Descriptor, ImageConfig, ImageManifest};
-use narya_oci::Digest;
+use narya_oci::{Digest, ImageReference};
 
 use super::client::{classify, is_not_found};
-use super::Containerd;
-use crate::{ImageSource, PinnedImage, Result, RuntimeError};
+use super::{unique, Containerd};
+use crate::pinning::{check_layers, LocalImages};
+use crate::{ErrorKind, Result, RuntimeError};
 
 /// What a machine needs of its image once it is local.
 #[derive(Clone, Debug)]
@@ -30,8 +27,6 @@ pub(crate) struct LocalImage {
     /// The chain id of the top layer: the parent of every machine's snapshot.
     pub top_chain: Digest,
 }
-
-const WRITE_CHUNK: usize = 1 << 20;
 
 /// The containerd image name for a pinned digest; the name itself pins it.
 pub(crate) fn image_name(digest: &Digest) -> String {
@@ -47,32 +42,17 @@ fn descriptor(d: &Descriptor) -> GrpcDescriptor {
     }
 }
 
-fn nonce() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    format!("{}-{nanos}", std::process::id())
-}
+#[async_trait::async_trait]
+impl LocalImages for Containerd {
+    async fn has_image(&self, digest: &Digest) -> Result<bool> {
+        Ok(self.local_image(digest).await.is_ok())
+    }
 
-impl Containerd {
-    pub(crate) async fn ensure_image_impl(&self, source: &ImageSource) -> Result<PinnedImage> {
-        let digest = match &source.pinned {
-            Some(d) => d.clone(),
-            None => self.fetcher.resolve(&source.reference).await?,
-        };
-        let pinned = PinnedImage {
-            reference: source.reference.clone(),
-            digest: digest.clone(),
-        };
-        // One pull at a time in this process; other processes race safely through
-        // AlreadyExists below.
-        let _guard = self.pull_lock.lock().await;
-        if self.local_image(&digest).await.is_ok() {
-            return Ok(pinned);
-        }
-        tracing::info!(%digest, reference = %source.reference, "pulling the official image into containerd");
-        let lease = format!("narya-pull-{}", nonce());
+    /// Content is written under a lease of its own, so that nothing is collected before the
+    /// image record holds it; other processes pulling the same image race safely through
+    /// AlreadyExists.
+    async fn bring_image(&self, reference: &ImageReference, digest: &Digest) -> Result<()> {
+        let lease = unique("narya-pull");
         let expire =
             humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(3600))
                 .to_string();
@@ -84,7 +64,7 @@ impl Containerd {
             }))
             .await
             .map_err(|e| classify("creating a lease", e))?;
-        let outcome = self.pull(&source.reference, &digest, &lease).await;
+        let outcome = self.pull(reference, digest, &lease).await;
         let _ = self
             .conn
             .leases()
@@ -94,35 +74,26 @@ impl Containerd {
             }))
             .await;
         outcome?;
-        self.local_image(&digest).await?;
-        Ok(pinned)
+        self.local_image(digest).await.map(|_| ())
     }
+}
 
-    async fn pull(
-        &self,
-        reference: &narya_oci::ImageReference,
-        digest: &Digest,
-        lease: &str,
-    ) -> Result<()> {
-        let (manifest, manifest_bytes) = self.fetcher.manifest(reference, digest).await?;
-        let (config, config_bytes) = self.fetcher.config(reference, &manifest).await?;
-        if config.rootfs.diff_ids.len() != manifest.layers.len() {
-            return Err(RuntimeError::Image(format!(
-                "image {digest}: the config lists {} diff ids for {} layers",
-                config.rootfs.diff_ids.len(),
-                manifest.layers.len()
-            )));
-        }
+impl Containerd {
+    async fn pull(&self, reference: &ImageReference, digest: &Digest, lease: &str) -> Result<()> {
+        let fetcher = self.pinning.fetcher();
+        let (manifest, manifest_bytes) = fetcher.manifest(reference, digest).await?;
+        let (config, config_bytes) = fetcher.config(reference, &manifest).await?;
+        check_layers(digest, &manifest, &config)?;
         let chain = chain_ids(&config.rootfs.diff_ids);
-        let top_chain = chain
-            .last()
-            .ok_or_else(|| RuntimeError::Image(format!("image {digest} has no layers")))?;
+        let top_chain = chain.last().ok_or_else(|| {
+            RuntimeError::plain(ErrorKind::Image, format!("image {digest} has no layers"))
+        })?;
 
         for (layer, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
             let labels =
                 HashMap::from([("containerd.io/uncompressed".to_owned(), diff_id.to_string())]);
             if !self.has_content(&layer.digest, &labels).await? {
-                let bytes = self.fetcher.blob(reference, layer).await?;
+                let bytes = fetcher.blob(reference, layer).await?;
                 self.write_content(&layer.digest, &bytes, labels, lease)
                     .await?;
             }
@@ -189,125 +160,6 @@ impl Containerd {
         }
     }
 
-    /// Whether the content store has `digest`; when it does, makes sure it carries `labels`.
-    async fn has_content(&self, digest: &Digest, labels: &HashMap<String, String>) -> Result<bool> {
-        let info = match self
-            .conn
-            .content()
-            .info(self.conn.request(InfoRequest {
-                digest: digest.to_string(),
-            }))
-            .await
-        {
-            Ok(r) => r.into_inner().info,
-            Err(e) if is_not_found(&e) => return Ok(false),
-            Err(e) => return Err(classify("reading content info", e)),
-        };
-        let Some(info) = info else { return Ok(false) };
-        if labels.iter().all(|(k, v)| info.labels.get(k) == Some(v)) {
-            return Ok(true);
-        }
-        self.conn
-            .content()
-            .update(self.conn.request(UpdateRequest {
-                info: Some(Info {
-                    digest: digest.to_string(),
-                    labels: labels.clone(),
-                    ..Default::default()
-                }),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: labels.keys().map(|k| format!("labels.{k}")).collect(),
-                }),
-            }))
-            .await
-            .map_err(|e| classify("labelling content", e))?;
-        Ok(true)
-    }
-
-    /// Writes `bytes` as `digest` through Content.Write's lock-step stream; containerd checks
-    /// the digest on commit. A blob that appeared meanwhile is fine.
-    async fn write_content(
-        &self,
-        digest: &Digest,
-        bytes: &[u8],
-        labels: HashMap<String, String>,
-        lease: &str,
-    ) -> Result<()> {
-        let reference = format!("narya-{}-{}", digest.hex(), nonce());
-        let total = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
-        let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(2);
-        let stream =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
-            );
-        let mut messages = Vec::new();
-        let mut offset = 0usize;
-        for chunk in bytes.chunks(WRITE_CHUNK) {
-            messages.push(WriteContentRequest {
-                action: WriteAction::Write as i32,
-                r#ref: reference.clone(),
-                total,
-                expected: digest.to_string(),
-                offset: i64::try_from(offset).unwrap_or(i64::MAX),
-                data: chunk.to_vec(),
-                labels: HashMap::new(),
-            });
-            offset += chunk.len();
-        }
-        messages.push(WriteContentRequest {
-            action: WriteAction::Commit as i32,
-            r#ref: reference,
-            total,
-            expected: digest.to_string(),
-            offset: total,
-            data: Vec::new(),
-            labels,
-        });
-        let mut messages = messages.into_iter();
-        // The first message is queued before the call: containerd answers nothing until it
-        // has one, and the call does not return until it answers.
-        if let Some(first) = messages.next() {
-            let _ = tx.send(first).await;
-        }
-        let mut responses = match self
-            .conn
-            .content()
-            .write(self.conn.leased(stream, lease))
-            .await
-        {
-            Ok(r) => r.into_inner(),
-            Err(e) if e.code() == tonic::Code::AlreadyExists => return Ok(()),
-            Err(e) => return Err(classify(&format!("writing {digest}"), e)),
-        };
-        loop {
-            match responses.next().await {
-                Some(Ok(_)) => {}
-                Some(Err(e)) if e.code() == tonic::Code::AlreadyExists => return Ok(()),
-                Some(Err(e)) => return Err(classify(&format!("writing {digest}"), e)),
-                None => break,
-            }
-            match messages.next() {
-                Some(m) => {
-                    if tx.send(m).await.is_err() {
-                        break;
-                    }
-                }
-                None => break,
-            }
-        }
-        drop(tx);
-        // Drain whatever is left so the stream ends cleanly.
-        while let Some(r) = responses.next().await {
-            if let Err(e) = r {
-                if e.code() != tonic::Code::AlreadyExists {
-                    return Err(classify(&format!("committing {digest}"), e));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Applies each layer onto its parent's snapshot and commits it under its chain id.
     async fn unpack(
         &self,
@@ -335,7 +187,7 @@ impl Containerd {
                 Err(e) if is_not_found(&e) => {}
                 Err(e) => return Err(classify("checking a layer snapshot", e)),
             }
-            let key = format!("narya-extract-{}-{}", nonce(), chain[i].hex());
+            let key = unique(&format!("narya-extract-{}", chain[i].hex()));
             let mounts = self
                 .conn
                 .snapshots()
@@ -368,14 +220,20 @@ impl Containerd {
             let verdict = match applied {
                 Ok(r) => match r.into_inner().applied {
                     Some(d) if d.digest == config.rootfs.diff_ids[i].to_string() => Ok(()),
-                    Some(d) => Err(RuntimeError::Image(format!(
-                        "layer {} unpacked to {}, but the image config names diff id {}",
-                        layer.digest, d.digest, config.rootfs.diff_ids[i]
-                    ))),
-                    None => Err(RuntimeError::Image(format!(
-                        "containerd applied layer {} without saying what it applied",
-                        layer.digest
-                    ))),
+                    Some(d) => Err(RuntimeError::plain(
+                        ErrorKind::Image,
+                        format!(
+                            "layer {} unpacked to {}, but the image config names diff id {}",
+                            layer.digest, d.digest, config.rootfs.diff_ids[i]
+                        ),
+                    )),
+                    None => Err(RuntimeError::plain(
+                        ErrorKind::Image,
+                        format!(
+                            "containerd applied layer {} without saying what it applied",
+                            layer.digest
+                        ),
+                    )),
                 },
                 Err(e) => Err(classify(&format!("applying layer {}", layer.digest), e)),
             };
@@ -436,15 +294,20 @@ impl Containerd {
             .await
             .map_err(|e| classify(&format!("looking up image {digest}"), e))?;
         let manifest_bytes = self.read_content(digest).await?;
-        let manifest: ImageManifest = serde_json::from_slice(&manifest_bytes)
-            .map_err(|e| RuntimeError::Image(format!("stored manifest {digest}: {e}")))?;
+        let manifest: ImageManifest = serde_json::from_slice(&manifest_bytes).map_err(|e| {
+            RuntimeError::caused(ErrorKind::Image, format!("stored manifest {digest}"), e)
+        })?;
         let config_bytes = self.read_content(&manifest.config.digest).await?;
         let config: ImageConfig = serde_json::from_slice(&config_bytes).map_err(|e| {
-            RuntimeError::Image(format!("stored config {}: {e}", manifest.config.digest))
+            RuntimeError::caused(
+                ErrorKind::Image,
+                format!("stored config {}", manifest.config.digest),
+                e,
+            )
         })?;
-        let top_chain = chain_ids(&config.rootfs.diff_ids)
-            .pop()
-            .ok_or_else(|| RuntimeError::Image(format!("image {digest} has no layers")))?;
+        let top_chain = chain_ids(&config.rootfs.diff_ids).pop().ok_or_else(|| {
+            RuntimeError::plain(ErrorKind::Image, format!("image {digest} has no layers"))
+        })?;
         self.conn
             .snapshots()
             .stat(self.conn.request(StatSnapshotRequest {
@@ -463,31 +326,5 @@ impl Containerd {
             .await
             .insert(digest.clone(), local.clone());
         Ok(local)
-    }
-
-    /// Reads a whole blob from the content store, verified.
-    async fn read_content(&self, digest: &Digest) -> Result<Vec<u8>> {
-        let mut stream = self
-            .conn
-            .content()
-            .read(self.conn.request(ReadContentRequest {
-                digest: digest.to_string(),
-                offset: 0,
-                size: 0,
-            }))
-            .await
-            .map_err(|e| classify(&format!("reading {digest}"), e))?
-            .into_inner();
-        let mut bytes = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| classify(&format!("reading {digest}"), e))?;
-            bytes.extend_from_slice(&chunk.data);
-        }
-        if !digest.verifies(&bytes) {
-            return Err(RuntimeError::Image(format!(
-                "content {digest} in containerd does not match its digest"
-            )));
-        }
-        Ok(bytes)
     }
 }

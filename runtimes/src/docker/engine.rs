@@ -8,7 +8,7 @@ use bollard::errors::Error as EngineError;
 use bollard::models::ContainerWaitResponse;
 use bollard::{ClientVersion, Docker as Client};
 
-use crate::{Result, RuntimeError};
+use crate::{ErrorKind, Result, RuntimeError};
 
 /// The API version we speak and the oldest engine we accept: Docker 20.10 (Debian bookworm).
 const API: ClientVersion = ClientVersion {
@@ -40,7 +40,10 @@ impl Engine {
             self.version().await?;
         }
         self.client.get().ok_or_else(|| {
-            RuntimeError::Other("docker: the engine client was not kept after its check".into())
+            RuntimeError::plain(
+                ErrorKind::Other,
+                "docker: the engine client was not kept after its check",
+            )
         })
     }
 
@@ -57,7 +60,9 @@ impl Engine {
                 status_code: 400,
                 message,
             }) => {
-                return Err(RuntimeError::Other(format!(
+                return Err(RuntimeError::plain(
+                    ErrorKind::Other,
+                    format!(
                     "docker: the engine on {} refuses API {}.{} ({message}); Narya needs Docker \
                      Engine API {}.{} or newer (Docker 20.10 or later)",
                     self.socket.display(),
@@ -65,19 +70,23 @@ impl Engine {
                     API.minor_version,
                     API.major_version,
                     API.minor_version
-                )))
+                ),
+                ))
             }
             Err(e) => return Err(classify("asking for the engine's version", e)),
         };
         let api = version.api_version.clone().unwrap_or_default();
         if !supported(&api) {
-            return Err(RuntimeError::Other(format!(
+            return Err(RuntimeError::plain(
+                ErrorKind::Other,
+                format!(
                 "docker: the engine on {} speaks API {api:?}; Narya needs Docker Engine API {}.{} \
                  or newer (Docker 20.10 or later)",
                 self.socket.display(),
                 API.major_version,
                 API.minor_version
-            )));
+            ),
+            ));
         }
         let _ = self.client.set(client);
         Ok(format!(
@@ -88,10 +97,13 @@ impl Engine {
 
     fn connect(&self) -> Result<Client> {
         let path = self.socket.to_str().ok_or_else(|| {
-            RuntimeError::Other(format!(
-                "docker: the socket path {} is not UTF-8",
-                self.socket.display()
-            ))
+            RuntimeError::plain(
+                ErrorKind::Other,
+                format!(
+                    "docker: the socket path {} is not UTF-8",
+                    self.socket.display()
+                ),
+            )
         })?;
         Client::connect_with_unix(path, REQUEST_TIMEOUT_SECS, &API)
             .map_err(|e| classify(&format!("connecting to {path}"), e))
@@ -112,26 +124,38 @@ fn supported(api: &str) -> bool {
 /// Classifies an engine error into our kinds, saying what we were doing. The one place that
 /// knows which of bollard's errors mean what.
 pub(super) fn classify(what: &str, error: EngineError) -> RuntimeError {
-    let message = format!("docker: {what}: {error}");
-    match error {
+    let kind = match &error {
         EngineError::DockerResponseServerError {
             status_code: 404, ..
-        } => RuntimeError::NotFound(message),
+        } => ErrorKind::NotFound,
         EngineError::DockerResponseServerError {
             status_code: 409, ..
-        } => RuntimeError::AlreadyExists(message),
+        } => ErrorKind::AlreadyExists,
         // The engine itself saying it cannot serve now (e.g. shutting down).
         EngineError::DockerResponseServerError {
             status_code: 503, ..
-        } => RuntimeError::Unavailable(message),
+        } => ErrorKind::Unavailable,
         // Nobody listening, a connection refused or dropped, or no answer in time: the engine
         // is not answering, which is a reason to retry later, never a verdict on a machine.
         EngineError::SocketNotFoundError(_)
         | EngineError::HyperLegacyError { .. }
         | EngineError::HyperResponseError { .. }
         | EngineError::IOError { .. }
-        | EngineError::RequestTimeoutError => RuntimeError::Unavailable(message),
-        _ => RuntimeError::Other(message),
+        | EngineError::RequestTimeoutError => ErrorKind::Unavailable,
+        _ => ErrorKind::Other,
+    };
+    RuntimeError::caused(kind, format!("docker: {what}"), error)
+}
+
+/// What the engine answered, or `None` when it answered 404: the thing asked about is not there,
+/// which is an answer to the caller, not a failure.
+pub(super) fn found<T>(what: &str, answer: Result<T, EngineError>) -> Result<Option<T>> {
+    match answer {
+        Ok(value) => Ok(Some(value)),
+        Err(e) => match classify(what, e) {
+            e if e.kind() == ErrorKind::NotFound => Ok(None),
+            other => Err(other),
+        },
     }
 }
 
@@ -164,6 +188,35 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_of_404_is_found_to_be_missing() {
+        let missing = EngineError::DockerResponseServerError {
+            status_code: 404,
+            message: "no such container".into(),
+        };
+        assert!(matches!(found("x", Err::<(), _>(missing)), Ok(None)));
+        assert!(matches!(found("x", Ok(1)), Ok(Some(1))));
+        let down = found::<()>("x", Err(EngineError::RequestTimeoutError));
+        assert_eq!(
+            down.map_err(|e| e.kind()).err(),
+            Some(ErrorKind::Unavailable)
+        );
+    }
+
+    #[test]
+    fn engine_failures_keep_their_source() {
+        let e = classify("looking up machine m", EngineError::RequestTimeoutError);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "docker: looking up machine m: {}",
+                EngineError::RequestTimeoutError
+            )
+        );
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<EngineError>());
+        assert!(matches!(source, Some(EngineError::RequestTimeoutError)));
+    }
+
+    #[test]
     fn engine_answers_are_classified() {
         let answer = |status_code| EngineError::DockerResponseServerError {
             status_code,
@@ -171,20 +224,23 @@ mod tests {
         };
         assert!(matches!(
             classify("x", answer(404)),
-            RuntimeError::NotFound(_)
+            RuntimeError::NotFound { .. }
         ));
         assert!(matches!(
             classify("x", answer(409)),
-            RuntimeError::AlreadyExists(_)
+            RuntimeError::AlreadyExists { .. }
         ));
-        assert!(matches!(classify("x", answer(500)), RuntimeError::Other(_)));
+        assert!(matches!(
+            classify("x", answer(500)),
+            RuntimeError::Other { .. }
+        ));
         assert!(matches!(
             classify("x", EngineError::SocketNotFoundError("/nowhere".into())),
-            RuntimeError::Unavailable(_)
+            RuntimeError::Unavailable { .. }
         ));
         assert!(matches!(
             classify("x", EngineError::RequestTimeoutError),
-            RuntimeError::Unavailable(_)
+            RuntimeError::Unavailable { .. }
         ));
     }
 
@@ -218,8 +274,11 @@ mod tests {
         );
         let engine = Engine::new(&socket);
         match engine.version().await {
-            Err(RuntimeError::Other(m)) => {
-                assert!(m.contains("needs Docker Engine API 1.41"), "{m}")
+            Err(e @ RuntimeError::Other { .. }) => {
+                assert!(
+                    e.to_string().contains("needs Docker Engine API 1.41"),
+                    "{e}"
+                )
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
@@ -238,7 +297,9 @@ mod tests {
             r#"{"Version":"19.03.15","ApiVersion":"1.40"}"#,
         );
         match Engine::new(&socket).version().await {
-            Err(RuntimeError::Other(m)) => assert!(m.contains("speaks API \"1.40\""), "{m}"),
+            Err(e @ RuntimeError::Other { .. }) => {
+                assert!(e.to_string().contains("speaks API \"1.40\""), "{e}")
+            }
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
@@ -249,14 +310,14 @@ mod tests {
         let engine = Engine::new(&dir.path().join("nobody.sock"));
         assert!(matches!(
             engine.version().await,
-            Err(RuntimeError::Unavailable(_))
+            Err(RuntimeError::Unavailable { .. })
         ));
         // A socket file nobody listens on: refused, also Unavailable.
         let socket = dir.path().join("dead.sock");
         drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
         assert!(matches!(
             Engine::new(&socket).client().await,
-            Err(RuntimeError::Unavailable(_))
+            Err(RuntimeError::Unavailable { .. })
         ));
     }
 }

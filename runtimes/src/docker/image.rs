@@ -13,9 +13,10 @@ use narya_oci::manifest::{
 };
 use narya_oci::{Digest, ImageReference, RegistryReference};
 
-use super::engine::classify;
+use super::engine::{classify, found};
 use super::Docker;
-use crate::{ImageSource, PinnedImage, Result, RuntimeError};
+use crate::pinning::{check_layers, LocalImages};
+use crate::{ErrorKind, Result, RuntimeError};
 
 /// The repository our verified images are tagged into; the tag is the manifest digest's hex.
 const LOCAL_REPOSITORY: &str = "narya.local/official";
@@ -32,46 +33,40 @@ pub(super) fn local_tag(digest: &Digest) -> String {
 
 /// Turns an engine failure while fetching the image into an `Image` error, unless the engine
 /// itself is not answering.
-fn image_failure(what: &str, error: bollard::errors::Error, hint: &str) -> RuntimeError {
+fn image_failure(what: &str, error: bollard::errors::Error) -> RuntimeError {
     match classify(what, error) {
-        RuntimeError::Unavailable(m) => RuntimeError::Unavailable(m),
-        other => RuntimeError::Image(format!("{other}{hint}")),
+        e if e.kind() == ErrorKind::Unavailable => e,
+        other => other.into_kind(ErrorKind::Image),
+    }
+}
+
+#[async_trait::async_trait]
+impl LocalImages for Docker {
+    async fn has_image(&self, digest: &Digest) -> Result<bool> {
+        self.has_local_image(digest).await
+    }
+
+    /// Pulls, loads and tags of the same content are idempotent in the engine, so other
+    /// processes race safely.
+    async fn bring_image(&self, reference: &ImageReference, digest: &Digest) -> Result<()> {
+        // The manifest comes from the source, verified against `digest`: an unknown digest
+        // fails here, and it names the config digest the engine's image id must equal.
+        let (manifest, _) = self.pinning.fetcher().manifest(reference, digest).await?;
+        let fetched_as = match reference {
+            ImageReference::Registry(r) => self.pull(r, digest).await?,
+            ImageReference::Layout(_) => {
+                self.load(reference, digest, &manifest).await?;
+                local_tag(digest)
+            }
+        };
+        self.verify_and_tag(&fetched_as, digest, &manifest.config.digest)
+            .await?;
+        self.images.lock().await.insert(digest.clone());
+        Ok(())
     }
 }
 
 impl Docker {
-    pub(super) async fn ensure_image_impl(&self, source: &ImageSource) -> Result<PinnedImage> {
-        let digest = match &source.pinned {
-            Some(d) => d.clone(),
-            None => self.fetcher.resolve(&source.reference).await?,
-        };
-        let pinned = PinnedImage {
-            reference: source.reference.clone(),
-            digest: digest.clone(),
-        };
-        // One fetch at a time in this process; other processes race safely because pulls,
-        // loads and tags of the same content are idempotent in the engine.
-        let _guard = self.pull_lock.lock().await;
-        if self.has_local_image(&digest).await? {
-            return Ok(pinned);
-        }
-        // The manifest comes from the source, verified against `digest`: an unknown digest
-        // fails here, and it names the config digest the engine's image id must equal.
-        let (manifest, _) = self.fetcher.manifest(&source.reference, &digest).await?;
-        tracing::info!(%digest, reference = %source.reference, "making the official image available to Docker");
-        let fetched_as = match &source.reference {
-            ImageReference::Registry(r) => self.pull(r, &digest).await?,
-            ImageReference::Layout(_) => {
-                self.load(&source.reference, &digest, &manifest).await?;
-                local_tag(&digest)
-            }
-        };
-        self.verify_and_tag(&fetched_as, &digest, &manifest.config.digest)
-            .await?;
-        self.images.lock().await.insert(digest);
-        Ok(pinned)
-    }
-
     /// Whether the engine has the image pinned to `digest` under our tag. The tag is only ever
     /// set after the image id was verified, so its presence is enough.
     pub(super) async fn has_local_image(&self, digest: &Digest) -> Result<bool> {
@@ -79,16 +74,12 @@ impl Docker {
             return Ok(true);
         }
         let client = self.engine.client().await?;
-        match client.inspect_image(&local_tag(digest)).await {
-            Ok(_) => {
-                self.images.lock().await.insert(digest.clone());
-                Ok(true)
-            }
-            Err(e) => match classify(&format!("looking up image {digest}"), e) {
-                RuntimeError::NotFound(_) => Ok(false),
-                other => Err(other),
-            },
+        let answer = client.inspect_image(&local_tag(digest)).await;
+        if found(&format!("looking up image {digest}"), answer)?.is_none() {
+            return Ok(false);
         }
+        self.images.lock().await.insert(digest.clone());
+        Ok(true)
     }
 
     /// Pulls `reference` by `digest`; returns the name the engine now knows it by.
@@ -114,7 +105,7 @@ impl Docker {
         // Errors arrive inside a 200 stream: every message is read so none is missed.
         while let Some(message) = progress.next().await {
             if let Err(e) = message {
-                return Err(image_failure(&format!("pulling {name}@{digest}"), e, &hint));
+                return Err(image_failure(&format!("pulling {name}@{digest}{hint}"), e));
             }
         }
         Ok(format!("{name}@{digest}"))
@@ -136,25 +127,23 @@ impl Docker {
             ]
             .contains(&layer.media_type.as_str())
             {
-                return Err(RuntimeError::Image(format!(
-                    "image {digest}: layer {} is {}, which Docker 20.10 cannot load (gzip or \
+                return Err(RuntimeError::plain(
+                    ErrorKind::Image,
+                    format!(
+                        "image {digest}: layer {} is {}, which Docker 20.10 cannot load (gzip or \
                      uncompressed tar only)",
-                    layer.digest, layer.media_type
-                )));
+                        layer.digest, layer.media_type
+                    ),
+                ));
             }
         }
-        let (config, config_bytes) = self.fetcher.config(reference, manifest).await?;
-        if config.rootfs.diff_ids.len() != manifest.layers.len() {
-            return Err(RuntimeError::Image(format!(
-                "image {digest}: the config lists {} diff ids for {} layers",
-                config.rootfs.diff_ids.len(),
-                manifest.layers.len()
-            )));
-        }
+        let fetcher = self.pinning.fetcher();
+        let (config, config_bytes) = fetcher.config(reference, manifest).await?;
+        check_layers(digest, manifest, &config)?;
         let mut archive = Vec::new();
         let mut layer_names = Vec::with_capacity(manifest.layers.len());
         for layer in &manifest.layers {
-            let bytes = self.fetcher.blob(reference, layer).await?;
+            let bytes = fetcher.blob(reference, layer).await?;
             let name = format!("{}.tar", layer.digest.hex());
             append_file(&mut archive, &name, Bytes::from(bytes))?;
             layer_names.push(name);
@@ -167,7 +156,7 @@ impl Docker {
             "Layers": layer_names,
         }]);
         let archive_manifest = serde_json::to_vec(&archive_manifest)
-            .map_err(|e| RuntimeError::Other(format!("encoding manifest.json: {e}")))?;
+            .map_err(|e| RuntimeError::caused(ErrorKind::Other, "encoding manifest.json", e))?;
         append_file(&mut archive, "manifest.json", Bytes::from(archive_manifest))?;
         // Two empty blocks end a tar archive.
         archive.push(Bytes::from(vec![0u8; 2 * TAR_BLOCK]));
@@ -187,7 +176,7 @@ impl Docker {
             client.import_image_stream(options, futures_util::stream::iter(archive), None);
         while let Some(message) = progress.next().await {
             if let Err(e) = message {
-                return Err(image_failure(&format!("loading image {digest}"), e, ""));
+                return Err(image_failure(&format!("loading image {digest}"), e));
             }
         }
         Ok(())
@@ -200,7 +189,7 @@ impl Docker {
         let image = client
             .inspect_image(name)
             .await
-            .map_err(|e| image_failure(&format!("looking up {name} after fetching it"), e, ""))?;
+            .map_err(|e| image_failure(&format!("looking up {name} after fetching it"), e))?;
         let id = image.id.unwrap_or_default();
         if id != config.to_string() {
             if name == local_tag(digest) {
@@ -212,10 +201,13 @@ impl Docker {
                     )
                     .await;
             }
-            return Err(RuntimeError::Image(format!(
-                "image {digest}: the engine holds it as image {id:?}, but its manifest names \
+            return Err(RuntimeError::plain(
+                ErrorKind::Image,
+                format!(
+                    "image {digest}: the engine holds it as image {id:?}, but its manifest names \
                  config {config}"
-            )));
+                ),
+            ));
         }
         if name != local_tag(digest) {
             let options = TagImageOptions {
@@ -236,7 +228,7 @@ fn append_file(archive: &mut Vec<Bytes>, name: &str, data: Bytes) -> Result<()> 
     let mut header = tar::Header::new_ustar();
     header
         .set_path(name)
-        .map_err(|e| RuntimeError::Other(format!("tar entry {name}: {e}")))?;
+        .map_err(|e| RuntimeError::caused(ErrorKind::Other, format!("tar entry {name}"), e))?;
     header.set_size(data.len() as u64);
     header.set_mode(0o644);
     header.set_mtime(0);

@@ -1,6 +1,6 @@
 //! A process's attached streams over the engine's hijacked connection: output carried into the
-//! kept tail and the caller's channel, bounded by the process's deadline, input written then
-//! closed.
+//! kept tail and the caller's channel, input written then closed, and what became of the process
+//! once the watcher saw it end.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -14,32 +14,14 @@ use tokio::time::Instant;
 
 use super::engine::classify;
 use crate::output::TailBuffer;
-use crate::RuntimeError;
+use crate::watch::{AbortOnDrop, Ending};
+use crate::{ProcessOutcome, Result};
+
+/// How long output may still arrive after a process was killed.
+const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
 pub(super) type Frames = Pin<Box<dyn Stream<Item = Result<LogOutput, EngineError>> + Send>>;
 pub(super) type Input = Pin<Box<dyn AsyncWrite + Send>>;
-
-/// Why reading a process's output stopped.
-#[derive(Debug)]
-pub(super) enum Ending {
-    /// The engine closed the stream: every writer closed its end (or the engine gave up on them
-    /// after the process ended).
-    Ended,
-    /// The deadline passed first.
-    TimedOut,
-    /// The caller dropped the receiving end of its output channel.
-    Abandoned,
-    /// The stream broke; the engine went away mid-process.
-    Failed(RuntimeError),
-}
-
-/// Resolves when the caller stops listening; never when there is no channel.
-pub(super) async fn abandoned(sink: &Option<Sender<Vec<u8>>>) {
-    match sink {
-        Some(sink) => sink.closed().await,
-        None => std::future::pending().await,
-    }
-}
 
 /// Reads frames into the tail and the caller's channel.
 pub(super) struct OutputPump {
@@ -57,34 +39,25 @@ impl OutputPump {
         }
     }
 
-    /// Reads until the stream ends, `deadline` passes or the caller stops listening. A chunk is
-    /// in the caller's channel before the next one is read, so nothing is sent after `run`
-    /// returns unless `drain` is called.
-    pub(super) async fn run(&mut self, deadline: Instant) -> Ending {
-        loop {
-            let frame = tokio::select! {
-                frame = self.frames.next() => frame,
-                _ = tokio::time::sleep_until(deadline) => return Ending::TimedOut,
-                _ = abandoned(&self.sink) => return Ending::Abandoned,
-            };
-            let bytes = match frame {
-                None => return Ending::Ended,
-                Some(Err(e)) => return Ending::Failed(classify("reading process output", e)),
-                Some(Ok(frame)) => frame.into_bytes(),
-            };
+    /// Reads until the stream ends; `Unavailable` when it breaks (the engine went away
+    /// mid-process). A chunk is in the caller's channel before the next one is read, so nothing
+    /// is sent once reading stops unless `drain` is called. The watcher bounds all of it: a
+    /// slow reader holds the process back, but never past its deadline.
+    pub(super) async fn read_all(&mut self) -> Result<()> {
+        while let Some(frame) = self.frames.next().await {
+            let bytes = frame
+                .map_err(|e| classify("reading process output", e))?
+                .into_bytes();
             self.tail.push(&bytes);
             if let Some(sink) = &self.sink {
-                // A slow reader holds the process back, but never past its deadline.
-                tokio::select! {
-                    sent = sink.send(bytes.to_vec()) => {
-                        if sent.is_err() {
-                            return Ending::Abandoned;
-                        }
-                    }
-                    _ = tokio::time::sleep_until(deadline) => return Ending::TimedOut,
+                if sink.send(bytes.to_vec()).await.is_err() {
+                    // Nobody listens any more: the watcher sees the channel closed and ends
+                    // the process, so reading stops here for good.
+                    std::future::pending::<()>().await;
                 }
             }
         }
+        Ok(())
     }
 
     /// After a kill: what is still on its way, for at most `grace`, so the tail holds the last
@@ -105,18 +78,29 @@ impl OutputPump {
         }
     }
 
-    /// The kept bytes and whether earlier ones were dropped.
-    pub(super) fn finish(self) -> (Vec<u8>, bool) {
-        self.tail.finish()
-    }
-}
-
-/// Stops a helper task when the process it serves is over.
-pub(super) struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+    /// What became of the process, from how watching it ended: a killed one has no exit code,
+    /// and what it wrote on its way out is still read for a moment.
+    pub(super) async fn outcome(
+        mut self,
+        ending: Ending<Result<Option<i32>>>,
+        started: Instant,
+    ) -> Result<ProcessOutcome> {
+        let timed_out = matches!(ending, Ending::TimedOut);
+        let exit_code = match ending {
+            Ending::Ended(exited) => exited?,
+            Ending::TimedOut | Ending::Abandoned => {
+                self.drain(OUTPUT_GRACE).await;
+                None
+            }
+        };
+        let (output, output_truncated) = self.tail.finish();
+        Ok(ProcessOutcome {
+            exit_code,
+            output,
+            output_truncated,
+            timed_out,
+            duration: started.elapsed(),
+        })
     }
 }
 

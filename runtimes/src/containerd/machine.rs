@@ -1,0 +1,404 @@
+//! A containerd machine's life: made (container record, writable snapshot, task) and started,
+//! inspected, listed, watched for changes, started again and removed, with what they share.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use containerd_client::services::v1::container::Runtime as ContainerRuntime;
+use containerd_client::services::v1::snapshots::{MountsRequest, PrepareSnapshotRequest};
+use containerd_client::services::v1::{
+    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
+    DeleteTaskRequest, GetContainerRequest, GetRequest, KillRequest, ListContainersRequest,
+    StartRequest, WaitRequest,
+};
+use containerd_client::types::v1::Status as TaskStatus;
+use containerd_client::types::Mount;
+use narya_oci::spec;
+
+use super::client::{classify, is_not_found};
+use super::image::LocalImage;
+use super::Containerd;
+use crate::labels::{self, LABEL_ENVIRONMENT};
+use crate::{ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError};
+
+/// The shim every machine and throwaway runs under.
+const RUNC: &str = "io.containerd.runc.v2";
+
+/// A runtime or process spec as containerd takes it: JSON inside an `Any` of `type_url`.
+pub(super) fn spec_any(value: &serde_json::Value, type_url: &str) -> Result<prost_types::Any> {
+    Ok(prost_types::Any {
+        type_url: type_url.to_owned(),
+        value: serde_json::to_vec(value)
+            .map_err(|e| RuntimeError::caused(ErrorKind::Other, "encoding a runtime spec", e))?,
+    })
+}
+
+/// What a task's status says of its machine: only a running task serves; no task, a stopped one
+/// or one in any other state does not.
+pub(super) fn machine_state(status: Option<TaskStatus>) -> MachineState {
+    match status {
+        Some(TaskStatus::Running) => MachineState::Running,
+        _ => MachineState::Stopped,
+    }
+}
+
+impl Containerd {
+    /// `Runtime::create_machine`: the container, its snapshot and its task; nothing is left
+    /// behind when a step fails.
+    pub(super) async fn make_machine(&self, spec_in: &MachineSpec) -> Result<MachineInfo> {
+        let image = self.local_image(&spec_in.image.digest).await?;
+        let labels = labels::machine_labels(spec_in);
+        let process = spec::ProcessSpec {
+            // tini reaps what setup scripts and sessions leave behind; sleep keeps it alive.
+            args: ["/usr/bin/tini", "-s", "--", "/bin/sleep", "infinity"]
+                .map(str::to_owned)
+                .to_vec(),
+            env: image.config.config.env.clone(),
+            cwd: spec_in.mount_point.clone(),
+            uid: spec_in.user.uid,
+            gid: spec_in.user.gid,
+        };
+        let mounts = self
+            .make_container(
+                &spec_in.id,
+                &image,
+                process,
+                &spec_in.workspace,
+                &spec_in.mount_point,
+                spec_in.network,
+                labels,
+            )
+            .await?;
+        if let Err(e) = self.start_task(&spec_in.id, mounts).await {
+            let _ = self.stop_task(&spec_in.id).await;
+            self.delete_container(&spec_in.id).await;
+            return Err(e);
+        }
+        Ok(labels::running_machine(spec_in))
+    }
+
+    /// `Runtime::inspect`.
+    pub(super) async fn inspect_machine(&self, id: &str) -> Result<MachineState> {
+        match self.container(id).await {
+            Ok(_) => {}
+            Err(RuntimeError::NotFound { .. }) => return Ok(MachineState::Missing),
+            Err(e) => return Err(e),
+        }
+        Ok(machine_state(self.task_status(id).await?))
+    }
+
+    /// `Runtime::list`.
+    pub(super) async fn list_machines(&self) -> Result<Vec<MachineInfo>> {
+        let containers = self
+            .conn
+            .containers()
+            .list(self.conn.request(ListContainersRequest {
+                filters: vec![format!("labels.\"{LABEL_ENVIRONMENT}\"")],
+            }))
+            .await
+            .map_err(|e| classify("listing machines", e))?
+            .into_inner()
+            .containers;
+        let mut found = Vec::with_capacity(containers.len());
+        for c in containers {
+            let state = machine_state(self.task_status(&c.id).await?);
+            found.push((c.labels, state));
+        }
+        Ok(labels::machines(found))
+    }
+
+    /// `Runtime::changes`.
+    pub(super) async fn subscribe_changes(
+        &self,
+    ) -> Result<futures_util::stream::BoxStream<'static, ()>> {
+        use futures_util::StreamExt;
+        // containerd answers a subscription only with its first event, so the call is made in
+        // a task of its own and its events relayed: the caller is never held up by a quiet
+        // runtime. The relay ends with the subscription or when nobody listens any more.
+        let (nudges, heard) = tokio::sync::mpsc::channel::<()>(16);
+        let conn = self.conn.clone();
+        let request = containerd_client::services::v1::SubscribeRequest {
+            // Events of every namespace arrive unless filtered.
+            filters: vec![format!("namespace==\"{}\"", self.namespace)],
+        };
+        tokio::spawn(async move {
+            let mut client = conn.events();
+            let subscribed = tokio::select! {
+                subscribed = client.subscribe(request) => subscribed,
+                _ = nudges.closed() => return,
+            };
+            let Ok(events) = subscribed else { return };
+            let mut events = events.into_inner();
+            loop {
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(Ok(_)) => {
+                            if nudges.send(()).await.is_err() {
+                                return;
+                            }
+                        }
+                        _ => return,
+                    },
+                    _ = nudges.closed() => return,
+                }
+            }
+        });
+        Ok(futures_util::stream::unfold(heard, |mut heard| async move {
+            heard.recv().await.map(|()| ((), heard))
+        })
+        .boxed())
+    }
+
+    /// `Runtime::start`: a stopped task is deleted and made again on the same snapshot.
+    pub(super) async fn start_machine(&self, id: &str) -> Result<()> {
+        self.container(id).await?;
+        match self.task_status(id).await? {
+            Some(TaskStatus::Running) => return Ok(()),
+            Some(_) => self.stop_task(id).await?,
+            None => {}
+        }
+        let mounts = self.mounts(id).await?;
+        self.start_task(id, mounts).await.map(|_| ())
+    }
+
+    /// `Runtime::remove`: task, container record, then snapshot; each gone already is fine.
+    pub(super) async fn remove_machine(&self, id: &str) -> Result<()> {
+        match self.container(id).await {
+            Ok(_) => {}
+            Err(RuntimeError::NotFound { .. }) => {
+                self.remove_snapshot(id).await;
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        self.stop_task(id).await?;
+        match self
+            .conn
+            .containers()
+            .delete(
+                self.conn
+                    .request(DeleteContainerRequest { id: id.to_owned() }),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(classify(&format!("deleting machine {id}"), e)),
+        }
+        self.remove_snapshot(id).await;
+        Ok(())
+    }
+
+    pub(super) async fn container(&self, id: &str) -> Result<Container> {
+        self.conn
+            .containers()
+            .get(self.conn.request(GetContainerRequest { id: id.to_owned() }))
+            .await
+            .map_err(|e| classify(&format!("looking up machine {id}"), e))?
+            .into_inner()
+            .container
+            .ok_or_else(|| {
+                RuntimeError::plain(ErrorKind::NotFound, format!("containerd: no machine {id}"))
+            })
+    }
+
+    pub(super) async fn task_status(&self, id: &str) -> Result<Option<TaskStatus>> {
+        match self
+            .conn
+            .tasks()
+            .get(self.conn.request(GetRequest {
+                container_id: id.to_owned(),
+                exec_id: String::new(),
+            }))
+            .await
+        {
+            Ok(r) => Ok(r
+                .into_inner()
+                .process
+                .map(|p| TaskStatus::try_from(p.status).unwrap_or(TaskStatus::Unknown))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(classify(&format!("looking up the task of {id}"), e)),
+        }
+    }
+
+    async fn mounts(&self, key: &str) -> Result<Vec<Mount>> {
+        Ok(self
+            .conn
+            .snapshots()
+            .mounts(self.conn.request(MountsRequest {
+                snapshotter: self.snapshotter.clone(),
+                key: key.to_owned(),
+            }))
+            .await
+            .map_err(|e| classify(&format!("mounts of {key}"), e))?
+            .into_inner()
+            .mounts)
+    }
+
+    /// Creates the task of container `id` on its snapshot, reading `stdin` and writing
+    /// `stdout` (with stderr): FIFO paths, or empty for none.
+    pub(super) async fn create_task(
+        &self,
+        id: &str,
+        rootfs: Vec<Mount>,
+        stdin: String,
+        stdout: String,
+    ) -> Result<()> {
+        self.conn
+            .tasks()
+            .create(self.conn.request(CreateTaskRequest {
+                container_id: id.to_owned(),
+                rootfs,
+                stdin,
+                stdout: stdout.clone(),
+                stderr: stdout,
+                terminal: false,
+                checkpoint: None,
+                options: None,
+                runtime_path: String::new(),
+            }))
+            .await
+            .map_err(|e| classify(&format!("creating the task of {id}"), e))?;
+        Ok(())
+    }
+
+    /// Creates and starts the task of machine `id` on its snapshot: its init has no stdio.
+    async fn start_task(&self, id: &str, rootfs: Vec<Mount>) -> Result<u32> {
+        self.create_task(id, rootfs, String::new(), String::new())
+            .await?;
+        let started = self
+            .conn
+            .tasks()
+            .start(self.conn.request(StartRequest {
+                container_id: id.to_owned(),
+                exec_id: String::new(),
+            }))
+            .await
+            .map_err(|e| classify(&format!("starting the task of {id}"), e))?;
+        Ok(started.into_inner().pid)
+    }
+
+    /// Makes a container (record, snapshot) for `process` on `image`; nothing is left behind
+    /// when a step fails.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn make_container(
+        &self,
+        id: &str,
+        image: &LocalImage,
+        process: spec::ProcessSpec,
+        workspace: &Path,
+        mount_point: &str,
+        network: Network,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<Mount>> {
+        let cgroups_path = format!("/{}/{id}", self.namespace);
+        let runtime_spec = spec::container(&spec::ContainerSpec {
+            hostname: id,
+            process,
+            workspace,
+            workspace_mount: mount_point,
+            host_network: network == Network::Host,
+            cgroups_path: &cgroups_path,
+        });
+        let container = Container {
+            id: id.to_owned(),
+            labels,
+            image: image.name.clone(),
+            runtime: Some(ContainerRuntime {
+                name: RUNC.to_owned(),
+                options: None,
+            }),
+            spec: Some(spec_any(&runtime_spec, spec::SPEC_TYPE_URL)?),
+            snapshotter: self.snapshotter.clone(),
+            snapshot_key: id.to_owned(),
+            ..Default::default()
+        };
+        self.conn
+            .containers()
+            .create(self.conn.request(CreateContainerRequest {
+                container: Some(container),
+            }))
+            .await
+            .map_err(|e| classify(&format!("creating machine {id}"), e))?;
+        let prepared = self
+            .conn
+            .snapshots()
+            .prepare(self.conn.request(PrepareSnapshotRequest {
+                snapshotter: self.snapshotter.clone(),
+                key: id.to_owned(),
+                parent: image.top_chain.to_string(),
+                labels: HashMap::new(),
+            }))
+            .await;
+        match prepared {
+            Ok(r) => Ok(r.into_inner().mounts),
+            Err(e) => {
+                let e = classify(&format!("preparing the writable layer of {id}"), e);
+                self.delete_container(id).await;
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) async fn delete_container(&self, id: &str) {
+        let _ = self
+            .conn
+            .containers()
+            .delete(
+                self.conn
+                    .request(DeleteContainerRequest { id: id.to_owned() }),
+            )
+            .await;
+        self.remove_snapshot(id).await;
+    }
+
+    /// Kills the task (every process in it), waits for it, deletes it. Missing is fine.
+    pub(super) async fn stop_task(&self, id: &str) -> Result<()> {
+        match self
+            .conn
+            .tasks()
+            .kill(self.conn.request(KillRequest {
+                container_id: id.to_owned(),
+                exec_id: String::new(),
+                signal: 9,
+                all: true,
+            }))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            // Killing a task that already stopped is refused; deleting it below settles it.
+            Err(e) if e.code() == tonic::Code::FailedPrecondition => {}
+            Err(e) => return Err(classify(&format!("killing machine {id}"), e)),
+        }
+        let mut tasks = self.conn.tasks();
+        let wait = tasks.wait(self.conn.request(WaitRequest {
+            container_id: id.to_owned(),
+            exec_id: String::new(),
+        }));
+        match tokio::time::timeout(Duration::from_secs(10), wait).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if is_not_found(&e) => return Ok(()),
+            Ok(Err(e)) => return Err(classify(&format!("waiting for machine {id} to stop"), e)),
+            Err(_) => {
+                return Err(RuntimeError::plain(
+                    ErrorKind::Other,
+                    format!("containerd: machine {id} did not stop within 10 s of SIGKILL"),
+                ))
+            }
+        }
+        match self
+            .conn
+            .tasks()
+            .delete(self.conn.request(DeleteTaskRequest {
+                container_id: id.to_owned(),
+            }))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(classify(&format!("deleting the task of {id}"), e)),
+        }
+    }
+}

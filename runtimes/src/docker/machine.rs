@@ -1,0 +1,350 @@
+//! A Docker machine's life: a labelled container made and started, inspected, listed, watched
+//! for changes, started again and removed, with what machines and throwaways share.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use bollard::models::{
+    ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig, Mount,
+    MountTypeEnum, RestartPolicy, RestartPolicyNameEnum,
+};
+use bollard::query_parameters::{
+    CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    StartContainerOptions,
+};
+use bollard::Docker as Client;
+use narya_oci::Digest;
+use tokio::time::Instant;
+
+use super::engine::{classify, found};
+use super::image::local_tag;
+use super::Docker;
+use crate::labels::{self, LABEL_ENVIRONMENT};
+use crate::{
+    ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError, ThrowawaySpec,
+};
+
+/// How long a removal already under way in the engine is waited for.
+const REMOVAL_WAIT: Duration = Duration::from_secs(30);
+
+/// A Narya machine as the engine describes it.
+pub(super) struct Machine {
+    /// The engine's id, used for every later call: names can be matched by id prefixes.
+    pub container: String,
+    pub state: MachineState,
+    pub labels: HashMap<String, String>,
+}
+
+fn network_mode(network: Network) -> String {
+    match network {
+        Network::Host => "host",
+        Network::None => "none",
+    }
+    .to_owned()
+}
+
+/// What machines and throwaways share: the workspace bind mount read-write, no new privileges,
+/// no capabilities, the network asked for, and no init of Docker's (ours is tini, in the image).
+pub(super) fn host_config(
+    workspace: &Path,
+    mount_point: &str,
+    network: Network,
+) -> Result<HostConfig> {
+    let source = workspace.to_str().ok_or_else(|| {
+        RuntimeError::plain(
+            ErrorKind::Other,
+            format!("workspace path {} is not UTF-8", workspace.display()),
+        )
+    })?;
+    Ok(HostConfig {
+        // A bind *mount* (not a `Binds` entry): the engine refuses a missing source instead of
+        // creating it as root.
+        mounts: Some(vec![Mount {
+            target: Some(mount_point.to_owned()),
+            source: Some(source.to_owned()),
+            typ: Some(MountTypeEnum::BIND),
+            read_only: Some(false),
+            ..Default::default()
+        }]),
+        security_opt: Some(vec!["no-new-privileges".to_owned()]),
+        cap_drop: Some(vec!["ALL".to_owned()]),
+        network_mode: Some(network_mode(network)),
+        init: Some(false),
+        ..Default::default()
+    })
+}
+
+fn machine_state(status: Option<ContainerStateStatusEnum>) -> MachineState {
+    match status {
+        Some(ContainerStateStatusEnum::RUNNING) => MachineState::Running,
+        // Created, paused, restarting, exited, dead, being removed: not serving.
+        _ => MachineState::Stopped,
+    }
+}
+
+impl Docker {
+    /// `Runtime::create_machine`: the container made and started; removed again when it does
+    /// not start.
+    pub(super) async fn make_machine(&self, spec: &MachineSpec) -> Result<MachineInfo> {
+        let client = self.engine.client().await?;
+        let image = self.require_image(&spec.image.digest).await?;
+        let mut host = host_config(&spec.workspace, &spec.mount_point, spec.network)?;
+        // Machines come back when the engine restarts (it stops them with SIGTERM, so tini exits
+        // non-zero and the engine restarts them on start-up), yet one whose main process was
+        // killed stays stopped as under containerd: tini reports its child's SIGKILL (137) as 0
+        // (`-e 137`), which `on-failure` does not restart. `unless-stopped` would restart it at
+        // once, hiding the stop from `inspect`.
+        host.restart_policy = Some(RestartPolicy {
+            name: Some(RestartPolicyNameEnum::ON_FAILURE),
+            maximum_retry_count: Some(0),
+        });
+        let body = ContainerCreateBody {
+            image: Some(image),
+            user: Some(spec.user.to_string()),
+            // tini reaps what setup scripts and sessions leave behind; sleep keeps it alive.
+            entrypoint: Some(
+                ["/usr/bin/tini", "-s", "-e", "137", "--"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ),
+            cmd: Some(["/bin/sleep", "infinity"].map(str::to_owned).to_vec()),
+            working_dir: Some(spec.mount_point.clone()),
+            // The host's network comes with the host's name; a private one gets the id as
+            // containerd gives it, when it fits a hostname.
+            hostname: (spec.network == Network::None && spec.id.len() <= 63)
+                .then(|| spec.id.clone()),
+            labels: Some(labels::machine_labels(spec)),
+            host_config: Some(host),
+            ..Default::default()
+        };
+        let created = self
+            .create_container(client, &spec.id, &spec.image.digest, body)
+            .await?;
+        if let Err(e) = client
+            .start_container(&created, None::<StartContainerOptions>)
+            .await
+        {
+            let e = classify(&format!("starting machine {}", spec.id), e);
+            if let Err(removal) = self.remove_container(client, &created).await {
+                tracing::warn!(machine = %spec.id, error = %removal, "could not remove a machine that failed to start");
+            }
+            return Err(e);
+        }
+        Ok(labels::running_machine(spec))
+    }
+
+    /// `Runtime::inspect`.
+    pub(super) async fn inspect_machine(&self, id: &str) -> Result<MachineState> {
+        let client = self.engine.client().await?;
+        Ok(self
+            .machine(client, id)
+            .await?
+            .map_or(MachineState::Missing, |m| m.state))
+    }
+
+    /// `Runtime::list`.
+    pub(super) async fn list_machines(&self) -> Result<Vec<MachineInfo>> {
+        let client = self.engine.client().await?;
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([(
+                "label".to_owned(),
+                vec![LABEL_ENVIRONMENT.to_owned()],
+            )])),
+            ..Default::default()
+        };
+        let containers = client
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| classify("listing machines", e))?;
+        Ok(labels::machines(containers.into_iter().map(|c| {
+            let state = match c.state {
+                Some(ContainerSummaryStateEnum::RUNNING) => MachineState::Running,
+                _ => MachineState::Stopped,
+            };
+            (c.labels.unwrap_or_default(), state)
+        })))
+    }
+
+    /// `Runtime::changes`: the engine's container events of Narya machines.
+    pub(super) async fn subscribe_changes(
+        &self,
+    ) -> Result<futures_util::stream::BoxStream<'static, ()>> {
+        use futures_util::StreamExt;
+        let client = self.engine.client().await?.clone();
+        let options = bollard::query_parameters::EventsOptions {
+            since: None,
+            until: None,
+            filters: Some(std::collections::HashMap::from([
+                ("type".to_owned(), vec!["container".to_owned()]),
+                ("label".to_owned(), vec![LABEL_ENVIRONMENT.to_owned()]),
+            ])),
+        };
+        Ok(client
+            .events(Some(options))
+            .take_while(|event| std::future::ready(event.is_ok()))
+            .map(|_| ())
+            .boxed())
+    }
+
+    /// `Runtime::start`.
+    pub(super) async fn start_machine(&self, id: &str) -> Result<()> {
+        let client = self.engine.client().await?;
+        let machine = self.machine(client, id).await?.ok_or_else(|| {
+            RuntimeError::plain(ErrorKind::NotFound, format!("docker: no machine {id}"))
+        })?;
+        if machine.state == MachineState::Running {
+            return Ok(());
+        }
+        client
+            .start_container(&machine.container, None::<StartContainerOptions>)
+            .await
+            .map_err(|e| classify(&format!("starting machine {id}"), e))
+    }
+
+    /// `Runtime::remove`.
+    pub(super) async fn remove_machine(&self, id: &str) -> Result<()> {
+        let client = self.engine.client().await?;
+        match self.machine(client, id).await? {
+            Some(machine) => self.remove_container(client, &machine.container).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The Narya machine `id`, or `None` when the engine has no container of that name that is
+    /// labelled as that environment's machine (the engine's names are shared with everything
+    /// else on the host, so an unlabelled namesake is not ours to run in or remove).
+    pub(super) async fn machine(&self, client: &Client, id: &str) -> Result<Option<Machine>> {
+        let answer = client
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await;
+        let Some(found) = found(&format!("looking up machine {id}"), answer)? else {
+            return Ok(None);
+        };
+        let labels = found.config.and_then(|c| c.labels).unwrap_or_default();
+        if !labels::is_machine(&labels, id) {
+            return Ok(None);
+        }
+        let Some(container) = found.id else {
+            return Ok(None);
+        };
+        Ok(Some(Machine {
+            container,
+            state: machine_state(found.state.and_then(|s| s.status)),
+            labels,
+        }))
+    }
+
+    /// Fails with `Image` unless the image pinned to `digest` is in the engine.
+    pub(super) async fn require_image(&self, digest: &Digest) -> Result<String> {
+        if self.has_local_image(digest).await? {
+            Ok(local_tag(digest))
+        } else {
+            Err(RuntimeError::plain(
+                ErrorKind::Image,
+                format!(
+                    "docker: image {digest} is not in the engine; ensure_image makes it available"
+                ),
+            ))
+        }
+    }
+
+    /// Force-removes container `container` (killing what runs in it) with its writable layer.
+    /// Gone already is fine; a removal already under way is waited for.
+    pub(super) async fn remove_container(&self, client: &Client, container: &str) -> Result<()> {
+        let options = RemoveContainerOptions {
+            force: true,
+            v: true,
+            link: false,
+        };
+        let answer = client.remove_container(container, Some(options)).await;
+        match found(&format!("removing container {container}"), answer) {
+            // Removed now, or gone already.
+            Ok(_) => return Ok(()),
+            // 409: "removal already in progress" from another caller.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let until = Instant::now() + REMOVAL_WAIT;
+        loop {
+            let answer = client
+                .inspect_container(container, None::<InspectContainerOptions>)
+                .await;
+            match found(&format!("waiting for {container} to go"), answer)? {
+                None => return Ok(()),
+                Some(_) if Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Some(_) => {
+                    return Err(RuntimeError::plain(
+                        ErrorKind::Other,
+                        format!(
+                            "docker: container {container} was still being removed after {} s",
+                            REMOVAL_WAIT.as_secs()
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Creates container `name` from `body`. The only thing the engine can miss is the image:
+    /// removed behind our back, it is an `Image` error and forgotten, so that the next
+    /// `ensure_image` brings it back.
+    async fn create_container(
+        &self,
+        client: &Client,
+        name: &str,
+        digest: &Digest,
+        body: ContainerCreateBody,
+    ) -> Result<String> {
+        let options = CreateContainerOptions {
+            name: Some(name.to_owned()),
+            platform: String::new(),
+        };
+        match client.create_container(Some(options), body).await {
+            Ok(created) => Ok(created.id),
+            Err(e) => match classify(&format!("creating container {name}"), e) {
+                e if e.kind() == ErrorKind::NotFound => {
+                    self.images.lock().await.remove(digest);
+                    Err(e.into_kind(ErrorKind::Image))
+                }
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Creates the throwaway `spec` names from `body`; one of that name left behind by a daemon
+    /// that died mid-run is cleared first.
+    pub(super) async fn create_throwaway(
+        &self,
+        client: &Client,
+        spec: &ThrowawaySpec,
+        body: ContainerCreateBody,
+    ) -> Result<String> {
+        let (name, digest) = (spec.name.as_str(), &spec.image.digest);
+        let refusal = match self
+            .create_container(client, name, digest, body.clone())
+            .await
+        {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => e,
+            created => return created,
+        };
+        let stale = client
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| classify(&format!("looking up throwaway {name}"), e))?;
+        let labels = stale.config.and_then(|c| c.labels).unwrap_or_default();
+        // Only a throwaway of the same name is ours to clear.
+        let (Some(stale_id), true) = (stale.id, labels::is_throwaway(&labels, name)) else {
+            return Err(refusal);
+        };
+        tracing::warn!(
+            container = name,
+            "removing a throwaway container left behind"
+        );
+        self.remove_container(client, &stale_id).await?;
+        self.create_container(client, name, digest, body).await
+    }
+}

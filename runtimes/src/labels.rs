@@ -1,0 +1,209 @@
+//! The labels that make a container a Narya machine or throwaway, on every back end: the keys,
+//! the label map a machine is made with, and what is read back from it.
+
+use std::collections::HashMap;
+
+use crate::{
+    ErrorKind, MachineInfo, MachineSpec, MachineState, ProcessSpec, Result, RuntimeError, User,
+};
+
+/// The label every Narya machine carries, valued with its environment id.
+pub const LABEL_ENVIRONMENT: &str = "dev.narya.environment";
+/// The label carrying the pinned manifest digest a machine was made from.
+pub const LABEL_DIGEST: &str = "dev.narya.image-digest";
+/// Marks containers that exist only for one command (clones), never machines.
+const LABEL_THROWAWAY: &str = "dev.narya.throwaway";
+/// Where the workspace is mounted inside, so execs default to it.
+const LABEL_WORKSPACE: &str = "dev.narya.workspace";
+/// The user machines run as, so execs after a daemon restart run as the same one.
+const LABEL_USER: &str = "dev.narya.user";
+
+/// The labels of the machine `spec` describes: the caller's, with Narya's own over them.
+pub(crate) fn machine_labels(spec: &MachineSpec) -> HashMap<String, String> {
+    let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
+    labels.insert(LABEL_ENVIRONMENT.to_owned(), spec.id.clone());
+    labels.insert(LABEL_DIGEST.to_owned(), spec.image.digest.to_string());
+    labels.insert(LABEL_WORKSPACE.to_owned(), spec.mount_point.clone());
+    labels.insert(LABEL_USER.to_owned(), spec.user.to_string());
+    labels
+}
+
+/// The labels of throwaway `name`: never those of a machine, so listings pass it over.
+pub(crate) fn throwaway_labels(name: &str) -> HashMap<String, String> {
+    HashMap::from([(LABEL_THROWAWAY.to_owned(), name.to_owned())])
+}
+
+/// Whether `labels` mark the machine of environment `id`, not merely a namesake.
+pub(crate) fn is_machine(labels: &HashMap<String, String>, id: &str) -> bool {
+    labels.get(LABEL_ENVIRONMENT).map(String::as_str) == Some(id)
+}
+
+/// Whether `labels` mark throwaway `name`.
+pub(crate) fn is_throwaway(labels: &HashMap<String, String>, name: &str) -> bool {
+    labels.get(LABEL_THROWAWAY).map(String::as_str) == Some(name)
+}
+
+/// Who a process runs as in a machine, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RunAs {
+    pub user: User,
+    pub cwd: String,
+}
+
+/// How `process` runs in machine `id` with `labels`: as the machine's user, in the directory
+/// asked for, else the workspace, else `/`.
+pub(crate) fn run_as(
+    id: &str,
+    labels: &HashMap<String, String>,
+    process: &ProcessSpec,
+) -> Result<RunAs> {
+    let user = labels
+        .get(LABEL_USER)
+        .and_then(|label| parse_user(label))
+        .ok_or_else(|| {
+            RuntimeError::plain(
+                ErrorKind::Other,
+                format!("machine {id} carries no {LABEL_USER} label"),
+            )
+        })?;
+    let cwd = process
+        .cwd
+        .clone()
+        .or_else(|| labels.get(LABEL_WORKSPACE).cloned())
+        .unwrap_or_else(|| "/".to_owned());
+    Ok(RunAs { user, cwd })
+}
+
+fn parse_user(label: &str) -> Option<User> {
+    let (uid, gid) = label.split_once(':')?;
+    Some(User {
+        uid: uid.parse().ok()?,
+        gid: gid.parse().ok()?,
+    })
+}
+
+/// The machine `spec` describes, as listings report it once it is made and running.
+pub(crate) fn running_machine(spec: &MachineSpec) -> MachineInfo {
+    MachineInfo {
+        id: spec.id.clone(),
+        digest: Some(spec.image.digest.clone()),
+        state: MachineState::Running,
+    }
+}
+
+/// The machines among `found` (each container's labels and state), in id order; containers
+/// without our label are not machines.
+pub(crate) fn machines(
+    found: impl IntoIterator<Item = (HashMap<String, String>, MachineState)>,
+) -> Vec<MachineInfo> {
+    let mut machines: Vec<MachineInfo> = found
+        .into_iter()
+        .filter_map(|(labels, state)| {
+            Some(MachineInfo {
+                digest: labels.get(LABEL_DIGEST).and_then(|d| d.parse().ok()),
+                id: labels.get(LABEL_ENVIRONMENT)?.clone(),
+                state,
+            })
+        })
+        .collect();
+    machines.sort_by(|a, b| a.id.cmp(&b.id));
+    machines
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{Network, PinnedImage};
+
+    fn digest() -> narya_oci::Digest {
+        format!("sha256:{}", "ab".repeat(32)).parse().unwrap()
+    }
+
+    fn spec() -> MachineSpec {
+        MachineSpec {
+            id: "env-1".to_owned(),
+            image: PinnedImage {
+                reference: "oci-layout:/nowhere".parse().unwrap(),
+                digest: digest(),
+            },
+            workspace: "/srv/env-1".into(),
+            mount_point: "/workspace".to_owned(),
+            user: User {
+                uid: 1000,
+                gid: 1001,
+            },
+            network: Network::None,
+            labels: BTreeMap::from([
+                ("team".to_owned(), "blue".to_owned()),
+                (LABEL_ENVIRONMENT.to_owned(), "forged".to_owned()),
+            ]),
+        }
+    }
+
+    fn process(cwd: Option<&str>) -> ProcessSpec {
+        ProcessSpec {
+            argv: vec!["true".to_owned()],
+            env: BTreeMap::new(),
+            cwd: cwd.map(str::to_owned),
+            timeout: Duration::from_secs(1),
+            output_limit: 1,
+            stdin: None,
+            output: None,
+        }
+    }
+
+    #[test]
+    fn a_machine_is_read_back_as_it_was_labelled() {
+        let labels = machine_labels(&spec());
+        assert_eq!(labels["team"], "blue");
+        assert!(is_machine(&labels, "env-1"), "ours win over the caller's");
+        assert!(!is_machine(&labels, "env-2"));
+        assert!(!is_throwaway(&labels, "env-1"));
+        let run = run_as("env-1", &labels, &process(None)).unwrap();
+        assert_eq!(
+            run,
+            RunAs {
+                user: User {
+                    uid: 1000,
+                    gid: 1001
+                },
+                cwd: "/workspace".to_owned()
+            }
+        );
+        let elsewhere = run_as("env-1", &labels, &process(Some("/tmp"))).unwrap();
+        assert_eq!(elsewhere.cwd, "/tmp");
+        let listed = machines([(labels, MachineState::Running)]);
+        assert_eq!(listed, [running_machine(&spec())]);
+        assert_eq!(listed[0].digest, Some(digest()));
+    }
+
+    #[test]
+    fn a_throwaway_is_no_machine() {
+        let labels = throwaway_labels("env-1-clone");
+        assert!(is_throwaway(&labels, "env-1-clone"));
+        assert!(!is_machine(&labels, "env-1-clone"));
+        assert!(machines([(labels, MachineState::Running)]).is_empty());
+    }
+
+    #[test]
+    fn a_machine_without_its_user_cannot_run_a_process() {
+        let e = run_as("env-1", &HashMap::new(), &process(None)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Other);
+        assert!(e.to_string().contains(LABEL_USER), "{e}");
+    }
+
+    #[test]
+    fn machines_are_listed_in_id_order() {
+        let found = ["b", "a", "c"].map(|id| {
+            (
+                HashMap::from([(LABEL_ENVIRONMENT.to_owned(), id.to_owned())]),
+                MachineState::Stopped,
+            )
+        });
+        let ids: Vec<String> = machines(found).into_iter().map(|m| m.id).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+    }
+}
