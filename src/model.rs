@@ -167,6 +167,8 @@ pub enum SetupState {
     Succeeded,
     Failed,
     TimedOut,
+    /// The host stopped during the step: nobody can say what it left behind.
+    Interrupted,
 }
 
 impl SetupState {
@@ -175,6 +177,7 @@ impl SetupState {
             SetupState::Succeeded => "succeeded",
             SetupState::Failed => "failed",
             SetupState::TimedOut => "timed_out",
+            SetupState::Interrupted => "interrupted",
         }
     }
 
@@ -198,6 +201,7 @@ impl FromStr for SetupState {
             "succeeded" => Ok(SetupState::Succeeded),
             "failed" => Ok(SetupState::Failed),
             "timed_out" => Ok(SetupState::TimedOut),
+            "interrupted" => Ok(SetupState::Interrupted),
             other => Err(format!("unknown setup state {other:?}")),
         }
     }

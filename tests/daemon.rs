@@ -285,6 +285,8 @@ async fn environments_of_another_organisation_do_not_exist_for_you() {
                     setup: None,
                     created_at: "2026-11-30T00:00:00Z".to_owned(),
                     updated_at: "2026-11-30T00:00:00Z".to_owned(),
+                    deleted_at: None,
+                    machine: narya::environments::machine_name(org, &id.parse().unwrap()),
                 })
                 .await
                 .unwrap();

@@ -439,7 +439,7 @@ async fn a_streamed_repeat_joins_the_create_in_flight(backend: Backend) {
     let final_first = &rest.last().unwrap()["environment"];
     assert_eq!(joined.last().unwrap().1["environment"], *final_first);
     assert_eq!(final_first["setup"]["output"], "early\nlate\n");
-    assert_eq!(host.machines_named(&id).await, 1);
+    assert_eq!(host.machines_labelled(&id).await, 1);
     host.remove(&id).await;
 }
 

@@ -90,26 +90,28 @@ fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     found
 }
 
-/// The runtime's own description of machine `id` (its spec and labels) and when it was made.
-fn machine_record(host: &Host, id: &str) -> (String, SystemTime) {
+/// The runtime's own description of environment `id`'s machine (its spec and labels) and when
+/// it was made.
+async fn machine_record(host: &Host, id: &str) -> (String, SystemTime) {
+    let name = host.machine(id).await.name;
     let (output, created) = match host.backend {
         Backend::Containerd => {
             let out = Command::new("ctr")
                 .args(["--address", &host.socket, "-n", NAMESPACE])
-                .args(["containers", "info", id])
+                .args(["containers", "info", &name])
                 .output()
                 .expect("ctr runs");
-            assert!(out.status.success(), "ctr containers info {id}");
+            assert!(out.status.success(), "ctr containers info {name}");
             let info: Value = serde_json::from_slice(&out.stdout).unwrap();
             let created = info["CreatedAt"].as_str().unwrap().to_owned();
             (out.stdout, created)
         }
         Backend::Docker => {
             let out = Command::new("docker")
-                .args(["-H", &format!("unix://{}", host.socket), "inspect", id])
+                .args(["-H", &format!("unix://{}", host.socket), "inspect", &name])
                 .output()
                 .expect("docker runs");
-            assert!(out.status.success(), "docker inspect {id}");
+            assert!(out.status.success(), "docker inspect {name}");
             let info: Value = serde_json::from_slice(&out.stdout).unwrap();
             let created = info[0]["Created"].as_str().unwrap().to_owned();
             (out.stdout, created)
@@ -149,7 +151,7 @@ async fn assert_nothing_made(host: &Host, client: &Client, id: &str) {
         .await
         .unwrap();
     assert_eq!(body(&listed)["environments"], json!([]));
-    assert_eq!(host.machines_named(id).await, 0);
+    assert_eq!(host.machines_labelled(id).await, 0);
     assert!(!host.workspace(id).exists(), "a workspace was made");
 }
 
@@ -242,7 +244,7 @@ async fn a_selected_repository_is_cloned_before_the_machine_and_its_token_is_kep
     assert!(git.iter().all(|r| r.at <= revoked_at));
 
     // The clone ran before the machine existed.
-    let (machine, created) = machine_record(&host, &id);
+    let (machine, created) = machine_record(&host, &id).await;
     let last_git = git.iter().map(|r| r.at).max().unwrap();
     assert!(
         last_git < created,
@@ -521,7 +523,7 @@ async fn a_clone_that_fails_leaves_the_environment_unusable_with_gits_output(bac
     assert!(output.contains("not found"), "git's message: {output:?}");
     assert!(!host.workspace(&missing).join("setup-ran").exists());
     assert_eq!(
-        host.machines_named(&missing).await,
+        host.machines_labelled(&missing).await,
         0,
         "no machine after a failed clone"
     );
@@ -621,7 +623,7 @@ async fn a_clone_past_its_bound_is_timed_out(backend: Backend) {
     assert_eq!(env["setup"]["state"], "timed_out");
     assert_eq!(env["setup"]["exit_code"], Value::Null);
     assert!(double.tokens().iter().all(|t| t.revoked_at.is_some()));
-    assert_eq!(host.machines_named(&id).await, 0);
+    assert_eq!(host.machines_labelled(&id).await, 0);
 }
 
 async fn without_a_github_section_repository_creates_are_refused_with_how_to_configure(

@@ -1,5 +1,5 @@
-//! Truthful status and recovery, against a containerd of each test's own that the test stops,
-//! starts and tampers with from outside.
+//! Truthful status and recovery: against a runtime of each test's own that the test stops,
+//! starts and tampers with from outside, and across daemon crashes.
 
 mod support;
 
@@ -7,32 +7,12 @@ use std::time::{Duration, Instant};
 
 use hyper::{Method, StatusCode};
 use narya::client::Client;
-use serde_json::{json, Value};
+use serde_json::json;
 use support::e2e::Backend;
-use support::e2e::{body, create, get, requirements, unique_id, Host, NAMESPACE};
+use support::e2e::{
+    body, create, delete, exec, get, requirements, unique_id, until, Host, NAMESPACE,
+};
 use support::private::{PrivateContainerd, PrivateRuntime};
-
-/// Polls `GET` until `check` holds, within `within`; returns the environment.
-async fn until(
-    client: &Client,
-    id: &str,
-    within: Duration,
-    what: &str,
-    check: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        let env = body(&get(client, id).await);
-        if check(&env) {
-            return env;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{id} not {what} within {within:?}: {env}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn exec_output(client: &Client, id: &str, script: &str) -> String {
     let answer = client
@@ -151,7 +131,8 @@ async fn a_machine_killed_from_outside_is_started_again(backend: Backend) {
     let init_started = "cut -d' ' -f22 /proc/1/stat";
     let before = exec_output(&client, &id, init_started).await;
 
-    tokio::task::block_in_place(|| containerd.kill_machine(NAMESPACE, &id));
+    let machine = host.machine(&id).await.name;
+    tokio::task::block_in_place(|| containerd.kill_machine(NAMESPACE, &machine));
     // The host notices and starts it again: ready, with a fresh task and the workspace intact.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -257,6 +238,113 @@ async fn a_machine_removed_from_outside_is_gone_until_replaced(backend: Backend)
         "ready",
         "the reconciler agrees"
     );
+    host.remove(&id).await;
+}
+
+async fn a_daemon_killed_during_a_replace_leaves_it_interrupted_never_ready(backend: Backend) {
+    let Some(mut host) = Host::start_on(backend, "").await else {
+        return;
+    };
+    let client = host.acme();
+    let id = unique_id("rekilled");
+    // Holds while /workspace/hold exists: not on the first run, on the replace's.
+    let setup = "echo ran >> /workspace/runs; while [ -e /workspace/hold ]; do sleep 0.1; done";
+    let created = create(&client, json!({"id": id, "setup": setup})).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert_eq!(body(&created)["status"], "ready");
+    std::fs::write(host.workspace(&id).join("hold"), "").unwrap();
+
+    host.remove(&id).await;
+    until(&client, &id, Duration::from_secs(10), "gone", |e| {
+        e["status"] == "gone"
+    })
+    .await;
+    let replacing = {
+        let client = host.acme();
+        let path = format!("/v1/environments/{id}/replace");
+        tokio::spawn(async move { client.send(Method::POST, &path, None).await })
+    };
+    let runs = host.workspace(&id).join("runs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(&runs).unwrap_or_default() != "ran\nran\n" {
+        assert!(
+            Instant::now() < deadline,
+            "the replace's setup never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::task::block_in_place(|| {
+        host.daemon.kill();
+        host.daemon.restart();
+    });
+    let _ = replacing.await;
+
+    let client = host.acme();
+    let env = body(&get(&client, &id).await);
+    assert_eq!(env["status"], "unusable", "{env}");
+    assert_eq!(env["setup"]["state"], "interrupted", "{env}");
+    assert_eq!(env["setup"]["step"], "setup", "{env}");
+    // The machine the replace made is there and running: the reconciler must not take it
+    // for ready on any pass (it looks every two seconds, and at once on runtime events).
+    let watched_until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < watched_until {
+        let now = body(&get(&client, &id).await);
+        assert_eq!(now["status"], "unusable", "{now}");
+        assert_eq!(now["setup"]["state"], "interrupted", "{now}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let refused = exec(&client, &id, &["true"]).await;
+    assert_eq!(refused.error().unwrap().code, "NRY-0042");
+    let _ = std::fs::remove_file(host.workspace(&id).join("hold"));
+    host.remove(&id).await;
+}
+
+async fn a_create_whose_undo_the_runtime_refused_ends_unusable_once_it_is_back(backend: Backend) {
+    if support::e2e::requirements_for(backend).is_none() {
+        return;
+    }
+    let mut runtime = tokio::task::block_in_place(|| PrivateRuntime::start(backend));
+    let Some(host) = host_on_runtime(backend, &runtime).await else {
+        return;
+    };
+    let client = host.acme();
+    let id = unique_id("undone");
+    let pending = {
+        let client = host.acme();
+        let request = json!({"id": id, "setup": "touch /workspace/begun; sleep 120"});
+        tokio::spawn(async move { create(&client, request).await })
+    };
+    // A fresh runtime fetches the image first.
+    wait_for_file(&host.workspace(&id).join("begun"), Duration::from_secs(120)).await;
+    // The setup's run fails with the runtime gone, and so does the undo's removal.
+    tokio::task::block_in_place(|| runtime.stop());
+    let answer = pending.await.unwrap();
+    assert!(
+        !answer.status.is_success(),
+        "the create answered {}: {}",
+        answer.status,
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_ne!(
+        body(&get(&client, &id).await)["status"],
+        "ready",
+        "a create whose setup never finished looks healthy"
+    );
+
+    tokio::task::block_in_place(|| runtime.resume());
+    let env = until(
+        &client,
+        &id,
+        Duration::from_secs(30),
+        "unusable, saying why",
+        |e| e["status"] == "unusable" && e.get("setup").is_some(),
+    )
+    .await;
+    assert_ne!(env["setup"]["state"], "succeeded", "{env}");
+    assert_eq!(host.machines_labelled(&id).await, 0, "the undo is finished");
+    assert!(!host.workspace(&id).exists(), "the undo is finished");
+    let refused = exec(&client, &id, &["true"]).await;
+    assert_eq!(refused.error().unwrap().code, "NRY-0042");
     host.remove(&id).await;
 }
 
@@ -386,9 +474,7 @@ async fn environments_keep_their_digest_when_the_tag_moves_and_everything_restar
         exec_output(&client, &first, "cat /workspace/data").await,
         "v1\n"
     );
-    let machines = host.runtime.list().await.unwrap();
-    let machine = machines.iter().find(|m| m.id == first).unwrap();
-    assert_eq!(machine.digest.as_ref().unwrap().to_string(), old);
+    assert_eq!(host.machine(&first).await.digest(), Some(old.as_str()));
 
     let second = unique_id("newer");
     let created = create(&client, json!({"id": second})).await;
@@ -415,32 +501,46 @@ async fn wait_for_file(path: &std::path::Path, within: Duration) {
     }
 }
 
-/// Invariants after a crash: at most one machine, never a row claiming ready without one, and
-/// the identifier either refused (unrecorded) or answered as recorded.
+/// Invariants after a crash: at most one machine, never a row claiming ready without one, never
+/// an unusable row that does not say why, and the identifier either refused (unrecorded,
+/// interrupted) or answered as recorded.
 async fn check_after_crash(host: &Host, id: &str, setup: &str) {
     let client = host.acme();
-    let machines = host.machines_named(id).await;
+    let machines = host.machines_labelled(id).await;
     assert!(machines <= 1, "{machines} machines for {id}");
     let row = get(&client, id).await;
-    if row.status == StatusCode::OK {
+    let interrupted = row.status == StatusCode::OK && {
         let env = body(&row);
         if env["status"] == "ready" {
             assert_eq!(machines, 1, "a row claims ready without a machine: {env}");
         }
+        if env["status"] == "unusable" {
+            assert!(
+                env.get("setup").is_some(),
+                "unusable, not saying why: {env}"
+            );
+        }
+        env["setup"]["state"] == "interrupted"
+    };
+    if interrupted {
+        let env = body(&row);
+        assert_eq!(env["status"], "unusable", "{env}");
+        assert_eq!(env["setup"]["step"], "setup", "{env}");
     }
     let repeat = create(&client, json!({"id": id, "setup": setup})).await;
     match repeat.status {
         // Recorded before the crash: answered as it stands, nothing ran again.
-        StatusCode::OK => assert_eq!(body(&repeat)["status"], "ready"),
+        StatusCode::OK => {
+            assert!(!interrupted, "an interrupted create answered as recorded");
+            assert_eq!(body(&repeat)["status"], "ready");
+        }
         // Never recorded: refused, and deleting frees the id.
         StatusCode::CONFLICT => {
             assert_eq!(repeat.error().unwrap().code, "NRY-0041");
-            let deleted = client
-                .send(Method::DELETE, &format!("/v1/environments/{id}"), None)
-                .await
-                .unwrap();
-            assert_eq!(deleted.status, StatusCode::NO_CONTENT);
-            assert_eq!(host.machines_named(id).await, 0);
+            assert!(interrupted, "refused, but GET did not say interrupted");
+            assert_eq!(delete(&client, id).await.status, StatusCode::NO_CONTENT);
+            assert_eq!(host.machines_labelled(id).await, 0);
+            assert_eq!(body(&get(&client, id).await)["status_detail"], "deleted");
             assert_eq!(
                 create(&client, json!({"id": id, "setup": setup}))
                     .await
@@ -455,7 +555,7 @@ async fn check_after_crash(host: &Host, id: &str, setup: &str) {
             String::from_utf8_lossy(&repeat.body)
         ),
     }
-    assert_eq!(host.machines_named(id).await, 1);
+    assert_eq!(host.machines_labelled(id).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -514,4 +614,6 @@ on_both_backends!(
     a_runtime_that_stops_makes_environments_degraded_until_it_is_back,
     a_machine_killed_from_outside_is_started_again,
     a_machine_removed_from_outside_is_gone_until_replaced,
+    a_daemon_killed_during_a_replace_leaves_it_interrupted_never_ready,
+    a_create_whose_undo_the_runtime_refused_ends_unusable_once_it_is_back,
 );

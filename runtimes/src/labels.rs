@@ -7,8 +7,13 @@ use crate::{
     ErrorKind, MachineInfo, MachineSpec, MachineState, ProcessSpec, Result, RuntimeError, User,
 };
 
-/// The label every Narya machine carries, valued with its environment id.
+/// The label every Narya machine carries, valued with its environment's identifier.
 pub const LABEL_ENVIRONMENT: &str = "dev.narya.environment";
+/// The label carrying the organisation that owns a machine.
+pub const LABEL_ORGANISATION: &str = "dev.narya.organisation";
+/// The runtime's own name for a machine, so a namesake is never taken for it. Machines made
+/// before names were internal lack it: their name is their environment's identifier.
+const LABEL_MACHINE: &str = "dev.narya.machine";
 /// The label carrying the pinned manifest digest a machine was made from.
 pub const LABEL_DIGEST: &str = "dev.narya.image-digest";
 /// Marks containers that exist only for one command (clones), never machines.
@@ -21,7 +26,9 @@ const LABEL_USER: &str = "dev.narya.user";
 /// The labels of the machine `spec` describes: the caller's, with Narya's own over them.
 pub(crate) fn machine_labels(spec: &MachineSpec) -> HashMap<String, String> {
     let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
-    labels.insert(LABEL_ENVIRONMENT.to_owned(), spec.id.clone());
+    labels.insert(LABEL_MACHINE.to_owned(), spec.id.clone());
+    labels.insert(LABEL_ENVIRONMENT.to_owned(), spec.environment.clone());
+    labels.insert(LABEL_ORGANISATION.to_owned(), spec.organisation.clone());
     labels.insert(LABEL_DIGEST.to_owned(), spec.image.digest.to_string());
     labels.insert(LABEL_WORKSPACE.to_owned(), spec.mount_point.clone());
     labels.insert(LABEL_USER.to_owned(), spec.user.to_string());
@@ -33,9 +40,17 @@ pub(crate) fn throwaway_labels(name: &str) -> HashMap<String, String> {
     HashMap::from([(LABEL_THROWAWAY.to_owned(), name.to_owned())])
 }
 
-/// Whether `labels` mark the machine of environment `id`, not merely a namesake.
+/// Whether `labels` mark machine `id`, not merely a namesake.
 pub(crate) fn is_machine(labels: &HashMap<String, String>, id: &str) -> bool {
-    labels.get(LABEL_ENVIRONMENT).map(String::as_str) == Some(id)
+    machine_name(labels) == Some(id)
+}
+
+/// The name a machine with `labels` was made under; `None` for a container that is no machine.
+fn machine_name(labels: &HashMap<String, String>) -> Option<&str> {
+    labels
+        .get(LABEL_MACHINE)
+        .or_else(|| labels.get(LABEL_ENVIRONMENT))
+        .map(String::as_str)
 }
 
 /// Whether `labels` mark throwaway `name`.
@@ -86,6 +101,8 @@ fn parse_user(label: &str) -> Option<User> {
 pub(crate) fn running_machine(spec: &MachineSpec) -> MachineInfo {
     MachineInfo {
         id: spec.id.clone(),
+        environment: Some(spec.environment.clone()),
+        organisation: Some(spec.organisation.clone()),
         digest: Some(spec.image.digest.clone()),
         state: MachineState::Running,
     }
@@ -100,8 +117,10 @@ pub(crate) fn machines(
         .into_iter()
         .filter_map(|(labels, state)| {
             Some(MachineInfo {
+                id: machine_name(&labels)?.to_owned(),
+                environment: labels.get(LABEL_ENVIRONMENT).cloned(),
+                organisation: labels.get(LABEL_ORGANISATION).cloned(),
                 digest: labels.get(LABEL_DIGEST).and_then(|d| d.parse().ok()),
-                id: labels.get(LABEL_ENVIRONMENT)?.clone(),
                 state,
             })
         })
@@ -125,6 +144,8 @@ mod tests {
     fn spec() -> MachineSpec {
         MachineSpec {
             id: "env-1".to_owned(),
+            environment: "a..b-".to_owned(),
+            organisation: "acme".to_owned(),
             image: PinnedImage {
                 reference: "oci-layout:/nowhere".parse().unwrap(),
                 digest: digest(),
@@ -139,6 +160,7 @@ mod tests {
             labels: BTreeMap::from([
                 ("team".to_owned(), "blue".to_owned()),
                 (LABEL_ENVIRONMENT.to_owned(), "forged".to_owned()),
+                (LABEL_MACHINE.to_owned(), "forged".to_owned()),
             ]),
         }
     }
@@ -177,6 +199,8 @@ mod tests {
         assert_eq!(elsewhere.cwd, "/tmp");
         let listed = machines([(labels, MachineState::Running)]);
         assert_eq!(listed, [running_machine(&spec())]);
+        assert_eq!(listed[0].environment.as_deref(), Some("a..b-"));
+        assert_eq!(listed[0].organisation.as_deref(), Some("acme"));
         assert_eq!(listed[0].digest, Some(digest()));
     }
 
@@ -193,6 +217,17 @@ mod tests {
         let e = run_as("env-1", &HashMap::new(), &process(None)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Other);
         assert!(e.to_string().contains(LABEL_USER), "{e}");
+    }
+
+    #[test]
+    fn a_machine_made_before_names_were_internal_is_named_by_its_environment() {
+        let labels = HashMap::from([(LABEL_ENVIRONMENT.to_owned(), "demo".to_owned())]);
+        assert!(is_machine(&labels, "demo"));
+        let listed = machines([(labels, MachineState::Running)]);
+        assert_eq!(
+            (listed[0].id.as_str(), listed[0].organisation.as_ref()),
+            ("demo", None)
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ mod labels;
 mod pinning;
 mod watch;
 
-pub use labels::{LABEL_DIGEST, LABEL_ENVIRONMENT};
+pub use labels::{LABEL_DIGEST, LABEL_ENVIRONMENT, LABEL_ORGANISATION};
 
 /// The underlying failure a [`RuntimeError`] carries as its source.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -182,8 +182,13 @@ pub struct PinnedImage {
 /// Everything a back end needs to make one environment's machine.
 #[derive(Clone, Debug)]
 pub struct MachineSpec {
-    /// The environment id; the machine's name.
+    /// The runtime's own name for the machine, chosen by the daemon: internal, unique, and a
+    /// valid container name on every back end (`[a-z0-9]`, `-`; at most 63 characters).
     pub id: String,
+    /// The identifier of the environment the machine serves ([`LABEL_ENVIRONMENT`]): any text.
+    pub environment: String,
+    /// The organisation that owns it ([`LABEL_ORGANISATION`]): any text.
+    pub organisation: String,
     pub image: PinnedImage,
     /// The workspace directory on the host, bind-mounted read-write.
     pub workspace: PathBuf,
@@ -191,7 +196,8 @@ pub struct MachineSpec {
     pub mount_point: String,
     pub user: User,
     pub network: Network,
-    /// Labels added to Narya's own ([`LABEL_ENVIRONMENT`], [`LABEL_DIGEST`]).
+    /// Labels added to Narya's own ([`LABEL_ENVIRONMENT`], [`LABEL_ORGANISATION`],
+    /// [`LABEL_DIGEST`]), which win over these.
     pub labels: BTreeMap<String, String>,
 }
 
@@ -251,7 +257,11 @@ pub enum MachineState {
 /// A Narya-labelled machine found in the runtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MachineInfo {
+    /// The runtime's name for it, as the daemon gave it.
     pub id: String,
+    /// The environment it serves and the organisation that owns it, from its labels.
+    pub environment: Option<String>,
+    pub organisation: Option<String>,
     pub digest: Option<Digest>,
     pub state: MachineState,
 }
@@ -289,6 +299,15 @@ pub trait Runtime: Send + Sync {
 
     /// Every Narya-labelled machine in the runtime.
     async fn list(&self) -> Result<Vec<MachineInfo>>;
+
+    /// The machines labelled as serving environment `environment`, of any organisation: who
+    /// holds an identifier in the runtime, whatever the store says. Repeat-safe.
+    /// Errors: `Unavailable`. Back ends that can ask the runtime to filter by label do.
+    async fn machines_of(&self, environment: &str) -> Result<Vec<MachineInfo>> {
+        let mut machines = self.list().await?;
+        machines.retain(|m| m.environment.as_deref() == Some(environment));
+        Ok(machines)
+    }
 
     /// A stream that yields whenever the runtime reports a change to its machines (a process
     /// exited, a container went), and ends when the runtime stops reporting. A nudge to look

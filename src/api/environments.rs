@@ -16,11 +16,12 @@ use crate::environments::{CreateRequest, ExecRequest};
     request_body = CreateBody,
     responses(
         (status = 201, description = "Provisioned now. With Accept: application/x-ndjson: step events, clone/setup output chunks, then {\"environment\": …}", body = EnvironmentView),
-        (status = 200, description = "It already existed; nothing was provisioned and no setup ran (streamed: a repeat joining a create in flight sees its events from then on)", body = EnvironmentView),
+        (status = 200, description = "It already existed; nothing was provisioned and no setup ran, whatever this request's setup or repository (streamed: a repeat joining a create in flight sees its events from then on, and answers its outcome)", body = EnvironmentView,
+            headers(("Narya-Create-Differs" = String, description = "Present when this request's setup or repository differ from the existing environment's: `setup`, `repository` or `setup, repository`. Nothing of the request was applied."))),
         (status = 400, description = "NRY-0020..0023: the body breaks a rule", body = ErrorBody),
         (status = 401, description = "NRY-0011", body = ErrorBody),
         (status = 403, description = "NRY-0050/0051: GitHub installation missing or repository not selected", body = ErrorBody),
-        (status = 409, description = "NRY-0040/0041", body = ErrorBody),
+        (status = 409, description = "NRY-0040: the identifier is held by another organisation; NRY-0041: a setup-carrying create met a machine whose setup state was never recorded (`setup.state` `interrupted`)", body = ErrorBody),
         (status = 503, description = "NRY-0060/0061", body = ErrorBody),
     ))]
 pub async fn create(
@@ -43,14 +44,16 @@ pub async fn create(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(EnvironmentView::from(created.record()))).into_response())
+    let mut response = (status, Json(EnvironmentView::from(created.record()))).into_response();
+    stream::say_differs(&mut response, created.differs());
+    Ok(response)
 }
 
 /// One environment of the caller's organisation.
 #[utoipa::path(get, path = "/v1/environments/{id}", tag = "environments",
     params(("id" = String, Path, description = "The environment's identifier")),
     responses(
-        (status = 200, body = EnvironmentView),
+        (status = 200, description = "The environment; a deleted one answers `gone` with `status_detail` `deleted` for `environment.gone_retention`", body = EnvironmentView),
         (status = 400, description = "NRY-0021", body = ErrorBody),
         (status = 401, description = "NRY-0011", body = ErrorBody),
         (status = 404, description = "NRY-0030", body = ErrorBody),
@@ -67,7 +70,7 @@ pub async fn get(
 /// Every environment of the caller's organisation, by id.
 #[utoipa::path(get, path = "/v1/environments", tag = "environments",
     responses(
-        (status = 200, body = EnvironmentList),
+        (status = 200, description = "By id; deleted ones (`gone`, `deleted`) included until their retention passes", body = EnvironmentList),
         (status = 401, description = "NRY-0011", body = ErrorBody),
     ))]
 pub async fn list(
@@ -80,11 +83,11 @@ pub async fn list(
     }))
 }
 
-/// Destroy an environment's machine and workspace and free its identifier.
+/// Destroy an environment's machine and workspace; its record answers `gone` for a while.
 #[utoipa::path(delete, path = "/v1/environments/{id}", tag = "environments",
     params(("id" = String, Path, description = "The environment's identifier")),
     responses(
-        (status = 204, description = "Machine and workspace destroyed"),
+        (status = 204, description = "Machine and workspace destroyed; the record stays `gone` (`status_detail` `deleted`) for `environment.gone_retention`, and a later create of the identifier provisions afresh. Deleting a deleted environment is 204 too."),
         (status = 400, description = "NRY-0021", body = ErrorBody),
         (status = 401, description = "NRY-0011", body = ErrorBody),
         (status = 404, description = "NRY-0030", body = ErrorBody),

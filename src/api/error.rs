@@ -50,10 +50,8 @@ const UNAVAILABLE: StatusCode = StatusCode::SERVICE_UNAVAILABLE;
 const INTERNAL: (StatusCode, &str) = (StatusCode::INTERNAL_SERVER_ERROR, "NRY-0099");
 
 impl ApiError {
-    /// The HTTP status and NRY code of this error: the contract's catalogue, in one match.
+    /// The HTTP status and NRY code of this error: the contract's catalogue, in one place.
     pub fn parts(&self) -> (StatusCode, &'static str) {
-        use EnvironmentError as E;
-        use OrganisationError as O;
         match self {
             ApiError::Unauthenticated => (StatusCode::UNAUTHORIZED, "NRY-0011"),
             ApiError::BadBody(_) | ApiError::InvalidExec(_) => (BAD_REQUEST, "NRY-0020"),
@@ -61,36 +59,9 @@ impl ApiError {
             ApiError::Invalid(InvalidRequest::Id(_)) => (BAD_REQUEST, "NRY-0021"),
             ApiError::Invalid(InvalidRequest::SetupTooLong(_)) => (BAD_REQUEST, "NRY-0022"),
             ApiError::Invalid(InvalidRequest::Repository(_)) => (BAD_REQUEST, "NRY-0023"),
-            ApiError::NoRoute { .. } | ApiError::Environment(E::NotFound(_)) => {
-                (NOT_FOUND, "NRY-0030")
-            }
-            ApiError::Environment(E::IdInUse(_) | E::DifferentCreate(_)) => (CONFLICT, "NRY-0040"),
-            ApiError::Environment(E::SetupUnrecorded(_)) => (CONFLICT, "NRY-0041"),
-            ApiError::Environment(
-                E::NotReady { .. } | E::NotGone { .. } | E::NoRunningMachine { .. },
-            ) => (CONFLICT, "NRY-0042"),
-            ApiError::Environment(E::GitHub(o)) | ApiError::Organisation(o) => match o {
-                O::GitHubNotConfigured
-                | O::NotConnected { .. }
-                | O::InstallationNotFound { .. } => (FORBIDDEN, "NRY-0050"),
-                O::RepositoryNotSelected { .. } => (FORBIDDEN, "NRY-0051"),
-                // The contract has one code for a dependency that is not answering.
-                O::GitHubUnavailable(_) => (UNAVAILABLE, "NRY-0060"),
-                O::GitHub(_) | O::Store(_) => INTERNAL,
-            },
-            ApiError::Environment(E::Runtime(e)) => match e.kind() {
-                ErrorKind::Unavailable => (UNAVAILABLE, "NRY-0060"),
-                ErrorKind::Image => (UNAVAILABLE, "NRY-0061"),
-                ErrorKind::NotFound | ErrorKind::AlreadyExists | ErrorKind::Other => INTERNAL,
-            },
-            ApiError::Environment(
-                E::Workspace { .. }
-                | E::WorkspaceRemoval(_)
-                | E::MachineVanished(_)
-                | E::MachineUnlabelled(_)
-                | E::Task { .. }
-                | E::Store(_),
-            ) => INTERNAL,
+            ApiError::NoRoute { .. } => (NOT_FOUND, "NRY-0030"),
+            ApiError::Environment(e) => environment_parts(e.cause()),
+            ApiError::Organisation(o) => organisation_parts(o),
         }
     }
 
@@ -100,6 +71,45 @@ impl ApiError {
 
     pub fn code(&self) -> &'static str {
         self.parts().1
+    }
+}
+
+fn environment_parts(e: &EnvironmentError) -> (StatusCode, &'static str) {
+    use EnvironmentError as E;
+    match e {
+        E::NotFound(_) => (NOT_FOUND, "NRY-0030"),
+        E::IdInUse(_) => (CONFLICT, "NRY-0040"),
+        E::SetupUnrecorded(_) => (CONFLICT, "NRY-0041"),
+        E::NotReady { .. } | E::NotGone { .. } | E::Deleted(_) | E::NoRunningMachine { .. } => {
+            (CONFLICT, "NRY-0042")
+        }
+        E::GitHub(o) => organisation_parts(o),
+        E::Runtime(e) => match e.kind() {
+            ErrorKind::Unavailable => (UNAVAILABLE, "NRY-0060"),
+            ErrorKind::Image => (UNAVAILABLE, "NRY-0061"),
+            ErrorKind::NotFound | ErrorKind::AlreadyExists | ErrorKind::Other => INTERNAL,
+        },
+        E::Joined(shared) => environment_parts(shared),
+        E::Workspace { .. }
+        | E::WorkspaceRemoval(_)
+        | E::MachineVanished(_)
+        | E::MachineUnlabelled(_)
+        | E::Task { .. }
+        | E::Store(_)
+        | E::JoinedWithoutOutcome(_) => INTERNAL,
+    }
+}
+
+fn organisation_parts(o: &OrganisationError) -> (StatusCode, &'static str) {
+    use OrganisationError as O;
+    match o {
+        O::GitHubNotConfigured | O::NotConnected { .. } | O::InstallationNotFound { .. } => {
+            (FORBIDDEN, "NRY-0050")
+        }
+        O::RepositoryNotSelected { .. } => (FORBIDDEN, "NRY-0051"),
+        // The contract has one code for a dependency that is not answering.
+        O::GitHubUnavailable(_) => (UNAVAILABLE, "NRY-0060"),
+        O::GitHub(_) | O::Store(_) => INTERNAL,
     }
 }
 

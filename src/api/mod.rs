@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::environments::Environments;
 use crate::organisation::Organisations;
 pub use error::{ApiError, ErrorBody, ServerFault};
+pub use stream::CREATE_DIFFERS;
 
 /// What every handler can reach.
 #[derive(Clone)]

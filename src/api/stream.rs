@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::types::EnvironmentView;
 use super::ApiError;
-use crate::environments::{CreateStream, ExecRun};
+use crate::environments::{CreateStream, Differs, ExecRun};
 
 pub const NDJSON: &str = "application/x-ndjson";
 
@@ -49,6 +49,7 @@ fn error_line(e: ApiError) -> Value {
 /// A create's progress events until it ends, then `{"environment": …}` (or `{"error": …}`);
 /// `201` when it is making the environment, `200` when it joined or found one.
 pub fn create_progress(run: CreateStream) -> Response {
+    let differs = run.differs();
     let status = if run.is_new() {
         StatusCode::CREATED
     } else {
@@ -66,7 +67,25 @@ pub fn create_progress(run: CreateStream) -> Response {
         };
         Some((line(&last), None))
     });
-    ndjson(status, lines)
+    let mut response = ndjson(status, lines);
+    say_differs(&mut response, differs);
+    response
+}
+
+/// The header that names where a repeat's request differs from the environment it found.
+pub const CREATE_DIFFERS: &str = "narya-create-differs";
+
+/// Adds [`CREATE_DIFFERS`] to a create's answer when the request differs from what it found.
+pub fn say_differs(response: &mut Response, differs: Differs) {
+    let value = match (differs.setup, differs.repository) {
+        (true, true) => "setup, repository",
+        (true, false) => "setup",
+        (false, true) => "repository",
+        (false, false) => return,
+    };
+    response
+        .headers_mut()
+        .insert(CREATE_DIFFERS, HeaderValue::from_static(value));
 }
 
 /// An exec's output chunks as they come, then `{"exit_code", "timed_out", "duration_ms"}`.

@@ -47,7 +47,9 @@ pub enum StatusView {
 /// What the setup script (or a failed clone) did.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 pub struct SetupView {
-    /// `succeeded`, `failed` or `timed_out`.
+    /// `succeeded`, `failed`, `timed_out`, or `interrupted` (the host stopped during the step:
+    /// nobody can say what it left behind, so the environment is `unusable`, a setup-carrying
+    /// create of it is refused with NRY-0041 and a setup-less one adopts it).
     #[schema(example = "succeeded")]
     pub state: String,
     /// `clone` or `setup`: which step the output belongs to.

@@ -315,6 +315,12 @@ async fn create_streamed(
     follow: bool,
 ) -> anyhow::Result<Outcome> {
     let mut answer = client.create_streamed(body).await?;
+    if let Some(differs) = answer.differs() {
+        eprintln!(
+            "warning: {} already exists and was made with another {differs}; it is answered as it is and nothing ran — delete it and create it again to apply this request's {differs}",
+            body.id
+        );
+    }
     let terminal = std::io::stderr().is_terminal();
     let started = std::time::Instant::now();
     let mut step_started: std::collections::HashMap<String, std::time::Instant> =

@@ -58,6 +58,7 @@ impl Answer {
 /// An answer whose body is read line by line as it arrives.
 pub struct Streamed {
     pub status: StatusCode,
+    pub headers: hyper::HeaderMap,
     /// Whether the daemon answered with an NDJSON stream (errors come as plain JSON).
     pub streaming: bool,
     body: hyper::body::Incoming,
@@ -188,6 +189,7 @@ impl Client {
             .is_some_and(|v| v.starts_with("application/x-ndjson"));
         Ok(Streamed {
             status,
+            headers: response.headers().clone(),
             streaming,
             body: response.into_body(),
             buffer: Vec::new(),

@@ -83,6 +83,8 @@ pub enum ClientError {
 pub struct Created {
     /// 201 when it was provisioned now, 200 when it already existed.
     pub status: StatusCode,
+    /// What the existing environment was made with that the request differs in, if anything.
+    pub differs: Option<String>,
     pub environment: EnvironmentView,
 }
 
@@ -91,6 +93,14 @@ impl Created {
     pub fn existed(&self) -> bool {
         self.status == StatusCode::OK
     }
+}
+
+/// The `Narya-Create-Differs` header of a create's answer: what the existing environment was
+/// made with that the request differs in.
+fn differs(headers: &hyper::HeaderMap) -> Option<&str> {
+    headers
+        .get(crate::api::CREATE_DIFFERS)
+        .and_then(|v| v.to_str().ok())
 }
 
 #[derive(Clone, Debug)]
@@ -113,6 +123,7 @@ impl Client {
             .success()?;
         Ok(Created {
             status: answer.status,
+            differs: differs(&answer.headers).map(str::to_owned),
             environment: answer.decode("an environment")?,
         })
     }

@@ -42,6 +42,12 @@ impl CreateStream {
         self.status() == StatusCode::OK
     }
 
+    /// What the existing environment was made with that this request differs in
+    /// (`setup`, `repository` or `setup, repository`), when it does.
+    pub fn differs(&self) -> Option<&str> {
+        super::differs(&self.lines.headers)
+    }
+
     /// The next event; `None` at the end. A create that fails after its stream began is
     /// `ClientError::Failed`. Lines of a kind this client does not know are skipped, so the
     /// daemon may add some.

@@ -174,6 +174,7 @@ audience = "narya"
         assert_eq!(c.environment.clone_timeout.0, Duration::from_secs(600));
         assert_eq!(c.environment.output_limit, 65536);
         assert_eq!(c.environment.exec_timeout.0, Duration::from_secs(1800));
+        assert_eq!(c.environment.gone_retention.0, Duration::from_secs(86400));
         assert!(c.github.is_none());
         assert_eq!(c.database_path(), PathBuf::from("/var/lib/narya/narya.db"));
     }

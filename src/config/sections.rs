@@ -97,6 +97,9 @@ pub struct EnvironmentConfig {
     pub output_limit: usize,
     #[serde(default = "default_exec_timeout")]
     pub exec_timeout: HumanDuration,
+    /// How long a deleted environment still answers as `gone` before its record is forgotten.
+    #[serde(default = "default_gone_retention")]
+    pub gone_retention: HumanDuration,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -169,6 +172,9 @@ fn default_output_limit() -> usize {
 fn default_exec_timeout() -> HumanDuration {
     HumanDuration(Duration::from_secs(30 * 60))
 }
+fn default_gone_retention() -> HumanDuration {
+    HumanDuration(Duration::from_secs(24 * 60 * 60))
+}
 fn default_github_api_url() -> String {
     "https://api.github.com".to_owned()
 }
@@ -219,6 +225,7 @@ impl Default for EnvironmentConfig {
             clone_timeout: default_clone_timeout(),
             output_limit: default_output_limit(),
             exec_timeout: default_exec_timeout(),
+            gone_retention: default_gone_retention(),
         }
     }
 }

@@ -4,86 +4,28 @@
 
 use std::sync::Arc;
 
-use narya_runtimes::{ImageSource, MachineState};
-use tokio::sync::broadcast::{self, error::RecvError};
+use narya_runtimes::{ImageSource, MachineInfo, MachineState, PinnedImage};
+use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use super::{CreateRequest, EnvironmentError, Environments, Progress, PROVISIONING};
+use super::answer::{CreateStream, Created, Differs, Joined, Outcome};
+use super::{machine_name, CreateRequest, EnvironmentError, Environments, Progress, PROVISIONING};
 use crate::auth::Principal;
-use crate::model::{now_rfc3339, EnvironmentId, SetupState, Status};
+use crate::model::{now_rfc3339, EnvironmentId, SetupState, SetupStep, Status};
+use crate::organisation::CloneSource;
 use crate::store::EnvironmentRecord;
+
+/// How the status detail of a create whose undo the runtime refused begins; the reconciler
+/// finishes such undos.
+pub(super) const UNDO_PENDING: &str = "provisioning failed: ";
 
 /// How many events a slow streaming reader may fall behind before it misses some.
 const PROGRESS_BACKLOG: usize = 1024;
 
-/// How a create ended: made now, or found as it already was.
-#[derive(Debug)]
-pub enum Created {
-    New(EnvironmentRecord),
-    Existing(EnvironmentRecord),
-}
-
-impl Created {
-    /// Whether this create made the environment (`201`) rather than found it (`200`).
-    pub fn is_new(&self) -> bool {
-        matches!(self, Created::New(_))
-    }
-
-    pub fn record(&self) -> &EnvironmentRecord {
-        match self {
-            Created::New(record) | Created::Existing(record) => record,
-        }
-    }
-}
-
 /// Told once provisioning has started (the identifier is now held and the row inserted): the
 /// events of the create from its beginning.
 type Announce = tokio::sync::oneshot::Sender<broadcast::Receiver<Progress>>;
-
-/// A create whose progress is watched as it happens: its steps and output, then its outcome.
-pub struct CreateStream {
-    new: bool,
-    events: Option<broadcast::Receiver<Progress>>,
-    outcome: Outcome,
-}
-
-enum Outcome {
-    Running(JoinHandle<Result<Created, EnvironmentError>>),
-    Known(Box<Created>),
-}
-
-impl CreateStream {
-    /// Whether this create is making the environment (`201`) or joined one that exists or is
-    /// being made (`200`).
-    pub fn is_new(&self) -> bool {
-        self.new
-    }
-
-    /// The next event, or `None` once provisioning has ended. A reader that fell behind misses
-    /// some output; the final record still carries its tail.
-    pub async fn next(&mut self) -> Option<Progress> {
-        let events = self.events.as_mut()?;
-        loop {
-            match events.recv().await {
-                Ok(progress) => return Some(progress),
-                Err(RecvError::Lagged(_)) => continue,
-                Err(RecvError::Closed) => {
-                    self.events = None;
-                    return None;
-                }
-            }
-        }
-    }
-
-    /// How the create ended.
-    pub async fn outcome(self) -> Result<Created, EnvironmentError> {
-        match self.outcome {
-            Outcome::Known(created) => Ok(*created),
-            Outcome::Running(task) => task.await.map_err(EnvironmentError::task("create"))?,
-        }
-    }
-}
 
 impl Environments {
     /// Creates `request.id` for `principal`, or answers with the environment recorded under it.
@@ -93,6 +35,9 @@ impl Environments {
         principal: Principal,
         request: CreateRequest,
     ) -> Result<Created, EnvironmentError> {
+        if let Some((_, joined)) = self.join(&principal, &request) {
+            return joined.outcome().await;
+        }
         self.start_create(principal, request, None)
             .await
             .map_err(EnvironmentError::task("create"))?
@@ -107,11 +52,12 @@ impl Environments {
         principal: Principal,
         request: CreateRequest,
     ) -> Result<CreateStream, EnvironmentError> {
-        if let Some(events) = self.join_in_flight(&principal, &request).await? {
+        if let Some((events, joined)) = self.join(&principal, &request) {
             return Ok(CreateStream {
                 new: false,
+                differs: joined.differs,
                 events: Some(events),
-                outcome: Outcome::Running(self.start_create(principal, request, None)),
+                outcome: Outcome::Joined(Box::new(joined)),
             });
         }
         let (announce, announced) = tokio::sync::oneshot::channel();
@@ -119,6 +65,7 @@ impl Environments {
         match announced.await {
             Ok(events) => Ok(CreateStream {
                 new: true,
+                differs: Differs::default(),
                 events: Some(events),
                 outcome: Outcome::Running(task),
             }),
@@ -126,6 +73,7 @@ impl Environments {
                 let created = task.await.map_err(EnvironmentError::task("create"))??;
                 Ok(CreateStream {
                     new: created.is_new(),
+                    differs: created.differs(),
                     events: None,
                     outcome: Outcome::Known(Box::new(created)),
                 })
@@ -147,20 +95,24 @@ impl Environments {
         )
     }
 
-    /// The progress of a create of the same environment (same organisation, same setup and
-    /// repository) that is provisioning right now, from this moment on.
-    async fn join_in_flight(
+    /// The create of `request.id` provisioning now for `principal`'s organisation, joined: its
+    /// progress from now on, and its outcome. A repeat waits for it and answers with that
+    /// outcome, never provisioning a second time.
+    fn join(
         &self,
         principal: &Principal,
         request: &CreateRequest,
-    ) -> Result<Option<broadcast::Receiver<Progress>>, EnvironmentError> {
-        let Some(events) = self.locks.join(&request.id) else {
-            return Ok(None);
+    ) -> Option<(broadcast::Receiver<Progress>, Joined)> {
+        let flight = self.locks.flight(&request.id)?;
+        if flight.organisation != principal.organisation {
+            return None;
+        }
+        let joined = Joined {
+            id: request.id.clone(),
+            outcome: flight.outcome,
+            differs: Differs::between(flight.setup.as_deref(), flight.repository.as_ref(), request),
         };
-        let row = self.store.get(&principal.organisation, &request.id).await?;
-        Ok(row
-            .filter(|r| !r.setup_recorded && r.fingerprint == request.fingerprint())
-            .map(|_| events))
+        Some((flight.events.subscribe(), joined))
     }
 
     async fn create_serialised(
@@ -178,33 +130,46 @@ impl Environments {
         }
         let fingerprint = request.fingerprint();
         let carries_setup = request.setup.is_some() || request.repository.is_some();
-        if let Some(row) = self.store.get(&principal.organisation, id).await? {
-            if row.setup_recorded {
-                return if row.fingerprint == fingerprint {
-                    tracing::info!("repeat of a recorded create: answering as it stands");
-                    Ok(Created::Existing(row))
-                } else {
-                    Err(EnvironmentError::DifferentCreate(id.clone()))
-                };
+        match self.store.get(&principal.organisation, id).await? {
+            // Deleted: its record answered `gone` until now; this create makes a new one.
+            Some(row) if row.deleted_at.is_some() => {
+                self.store.delete(&row.organisation, &row.id).await?;
             }
-            if carries_setup {
+            Some(row) if row.setup_recorded => {
+                let differs = Differs::of(&row, &request);
+                tracing::info!(
+                    ?differs,
+                    "repeat of a recorded create: answering as it stands"
+                );
+                return Ok(Created::Existing(row, differs));
+            }
+            Some(_) if carries_setup => {
                 return Err(EnvironmentError::SetupUnrecorded(id.clone()));
             }
-            return self
-                .adopt_row(row, &fingerprint)
-                .await
-                .map(Created::Existing);
+            Some(row) => {
+                let row = self.adopt_row(row, &fingerprint).await?;
+                return Ok(Created::Existing(row, Differs::default()));
+            }
+            None => {}
         }
-        match self.runtime.inspect(id.as_str()).await? {
-            MachineState::Missing => self
+        // The store knows no such environment of ours; the runtime may still hold a machine
+        // of that identifier (the store was lost). Another organisation's is never adopted.
+        let machines = self.runtime.machines_of(id.as_str()).await?;
+        let ours = |m: &MachineInfo| m.organisation.as_deref() == Some(&principal.organisation);
+        if let Some(foreign) = machines.iter().find(|m| !ours(m)) {
+            tracing::warn!(machine = %foreign.id, "the identifier is held by another organisation's machine");
+            return Err(EnvironmentError::IdInUse(id.clone()));
+        }
+        match machines.into_iter().next() {
+            None => self
                 .provision(&principal, &request, announce)
                 .await
                 .map(Created::New),
-            _ if carries_setup => Err(EnvironmentError::SetupUnrecorded(id.clone())),
-            state => self
-                .adopt_orphan(&principal, id, state, &fingerprint)
+            Some(_) if carries_setup => Err(EnvironmentError::SetupUnrecorded(id.clone())),
+            Some(machine) => self
+                .adopt_orphan(&principal, id, machine, &fingerprint)
                 .await
-                .map(Created::Existing),
+                .map(|row| Created::Existing(row, Differs::default())),
         }
     }
 
@@ -216,9 +181,9 @@ impl Environments {
         fingerprint: &str,
     ) -> Result<EnvironmentRecord, EnvironmentError> {
         tracing::info!("adopting an environment whose creation was interrupted");
-        match self.runtime.inspect(row.id.as_str()).await? {
+        match self.runtime.inspect(&row.machine).await? {
             MachineState::Running => {}
-            MachineState::Stopped => self.runtime.start(row.id.as_str()).await?,
+            MachineState::Stopped => self.runtime.start(&row.machine).await?,
             MachineState::Missing => {
                 let pinned = self
                     .runtime
@@ -229,7 +194,7 @@ impl Environments {
                     .await?;
                 let workspace = self.prepare_workspace(&row.id, false)?;
                 self.runtime
-                    .create_machine(&self.machine_spec(&row.id, pinned, workspace))
+                    .create_machine(&self.machine_spec(&row, pinned, workspace))
                     .await?;
             }
         }
@@ -250,22 +215,15 @@ impl Environments {
         &self,
         principal: &Principal,
         id: &EnvironmentId,
-        state: MachineState,
+        machine: MachineInfo,
         fingerprint: &str,
     ) -> Result<EnvironmentRecord, EnvironmentError> {
-        tracing::warn!("adopting a Narya machine the store did not know");
-        let machine = self
-            .runtime
-            .list()
-            .await?
-            .into_iter()
-            .find(|m| m.id == id.as_str())
-            .ok_or_else(|| EnvironmentError::MachineVanished(id.clone()))?;
+        tracing::warn!(machine = %machine.id, "adopting a Narya machine the store did not know");
         let digest = machine
             .digest
             .ok_or_else(|| EnvironmentError::MachineUnlabelled(id.clone()))?;
-        if state == MachineState::Stopped {
-            self.runtime.start(id.as_str()).await?;
+        if machine.state == MachineState::Stopped {
+            self.runtime.start(&machine.id).await?;
         }
         self.prepare_workspace(id, false)?;
         let now = now_rfc3339();
@@ -283,6 +241,8 @@ impl Environments {
             setup: None,
             created_at: now.clone(),
             updated_at: now,
+            deleted_at: None,
+            machine: machine.id,
         };
         self.store.insert(&row).await?;
         Ok(row)
@@ -327,20 +287,56 @@ impl Environments {
             setup: None,
             created_at: now.clone(),
             updated_at: now,
+            deleted_at: None,
+            machine: machine_name(&principal.organisation, id),
         };
         let _ = events.send(Progress::finished("image"));
         self.store.insert(&row).await?;
-        let _in_flight = self.locks.in_flight(id, &events);
+        let in_flight = self.locks.in_flight(
+            id,
+            &principal.organisation,
+            request.setup.clone(),
+            request.repository.clone(),
+            &events,
+        );
         if let Some(announce) = announce {
             let _ = announce.send(from_the_start);
         }
+        match self.make(&mut row, request, clone, pinned, &events).await {
+            Ok(()) => {
+                tracing::info!(status = row.status.as_str(), "environment recorded");
+                in_flight.land(Ok(row.clone()));
+                Ok(row)
+            }
+            Err(e) => {
+                let shared = Arc::new(e);
+                in_flight.land(Err(shared.clone()));
+                Err(EnvironmentError::unshare(shared))
+            }
+        }
+    }
 
+    /// Makes what `row` records (workspace, clone, machine, setup) and records the outcome, or
+    /// takes back what it made.
+    async fn make(
+        &self,
+        row: &mut EnvironmentRecord,
+        request: &CreateRequest,
+        clone: Option<CloneSource>,
+        pinned: PinnedImage,
+        events: &broadcast::Sender<Progress>,
+    ) -> Result<(), EnvironmentError> {
+        let id = &request.id;
+        let organisation = &row.organisation.clone();
         let made = async {
             let workspace = self.prepare_workspace(id, true)?;
             if let Some(clone) = &clone {
+                self.store
+                    .set_step(organisation, id, SetupStep::Clone, &now_rfc3339())
+                    .await?;
                 let _ = events.send(Progress::started("clone"));
                 let cloned = self
-                    .run_clone(id, &pinned, &workspace, clone, &events)
+                    .run_clone(id, &pinned, &workspace, clone, events)
                     .await?;
                 let _ = events.send(Progress::finished("clone"));
                 if cloned.state != SetupState::Succeeded {
@@ -350,16 +346,19 @@ impl Environments {
                     return Ok(Some(cloned));
                 }
             }
+            self.store
+                .set_step(organisation, id, SetupStep::Setup, &now_rfc3339())
+                .await?;
             let _ = events.send(Progress::started("machine"));
             self.runtime
-                .create_machine(&self.machine_spec(id, pinned, workspace))
+                .create_machine(&self.machine_spec(row, pinned, workspace))
                 .await?;
             let _ = events.send(Progress::finished("machine"));
             tracing::info!("machine started");
             match &request.setup {
                 Some(script) => {
                     let _ = events.send(Progress::started("setup"));
-                    let setup = self.run_setup(id, script, &events).await?;
+                    let setup = self.run_setup(&row.machine, script, events).await?;
                     let _ = events.send(Progress::finished("setup"));
                     Ok(Some(setup))
                 }
@@ -370,7 +369,7 @@ impl Environments {
         let setup = match made {
             Ok(setup) => setup,
             Err(e) => {
-                self.undo(&mut row, &e).await;
+                self.undo(row, &e).await;
                 return Err(e);
             }
         };
@@ -382,17 +381,16 @@ impl Environments {
         row.setup = setup;
         row.setup_recorded = true;
         row.updated_at = now_rfc3339();
-        self.store.record(&row).await?;
-        tracing::info!(status = row.status.as_str(), "environment recorded");
-        Ok(row)
+        self.store.record(row).await?;
+        Ok(())
     }
 
     /// Takes back a create that failed before its outcome was recorded. When the machine cannot
-    /// be removed (the runtime went away), the row stays unrecorded, so the identifier is
-    /// refused to setup-carrying creates until someone deletes it.
+    /// be removed (the runtime went away), the row stays unrecorded, saying why, and the
+    /// reconciler finishes the undo once the runtime answers.
     async fn undo(&self, row: &mut EnvironmentRecord, cause: &EnvironmentError) {
         tracing::warn!(error = %cause, "provisioning failed; taking it back");
-        match self.runtime.remove(row.id.as_str()).await {
+        match self.runtime.remove(&row.machine).await {
             Ok(()) => {
                 if let Err(e) = self.remove_workspace(&row.id) {
                     tracing::warn!(error = %e, "could not remove the workspace");
@@ -403,7 +401,7 @@ impl Environments {
             }
             Err(e) => {
                 tracing::error!(error = %e, "could not remove the machine of a failed create; leaving it unrecorded");
-                row.status_detail = Some(format!("provisioning failed: {cause}"));
+                row.status_detail = Some(format!("{UNDO_PENDING}{cause}"));
                 row.updated_at = now_rfc3339();
                 let _ = self.store.record(row).await;
             }

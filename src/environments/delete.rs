@@ -1,15 +1,27 @@
-//! Deleting an environment: its machine, writable layer and workspace destroyed, its
-//! identifier freed.
+//! Deleting an environment: its machine, writable layer and workspace destroyed, its record
+//! kept as `gone` ("deleted") for the host's retention so a session can tell destroyed from
+//! never-existed; a later create of the identifier makes a new one.
 
 use std::sync::Arc;
 
 use super::{EnvironmentError, Environments};
 use crate::auth::Principal;
-use crate::model::EnvironmentId;
+use crate::model::{now_rfc3339, EnvironmentId, Status};
+
+/// The status detail of a deleted environment's record.
+pub const DELETED: &str = "deleted";
+
+/// Seconds since the epoch, as deletion times are kept.
+pub(super) fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
 
 impl Environments {
-    /// Destroys the machine, its writable layer and the workspace, and frees the identifier.
-    /// Runs in its own task: a client that goes away does not leave it half done.
+    /// Destroys the machine, its writable layer and the workspace, and records the environment
+    /// `gone`. Deleting a deleted one is done already. Runs in its own task: a client that goes
+    /// away does not leave it half done.
     pub async fn delete(
         self: &Arc<Self>,
         principal: Principal,
@@ -27,11 +39,18 @@ impl Environments {
         id: EnvironmentId,
     ) -> Result<(), EnvironmentError> {
         let _guard = self.locks.lock(&id).await;
-        let row = self.get(&principal, &id).await?;
-        self.runtime.remove(row.id.as_str()).await?;
+        let mut row = self.get(&principal, &id).await?;
+        if row.deleted_at.is_some() {
+            return Ok(());
+        }
+        self.runtime.remove(&row.machine).await?;
         self.remove_workspace(&row.id)
             .map_err(EnvironmentError::WorkspaceRemoval)?;
-        self.store.delete(&row.organisation, &row.id).await?;
+        row.status = Status::Gone;
+        row.status_detail = Some(DELETED.to_owned());
+        row.deleted_at = Some(unix_now());
+        row.updated_at = now_rfc3339();
+        self.store.record(&row).await?;
         tracing::info!("environment deleted");
         Ok(())
     }

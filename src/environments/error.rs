@@ -1,6 +1,7 @@
 //! How an operation on an environment failed; `api::ApiError` alone turns these into answers.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use narya_runtimes::{ErrorKind, RuntimeError};
 
@@ -12,8 +13,6 @@ use crate::store::StoreError;
 pub enum EnvironmentError {
     #[error("identifier \"{0}\" is in use; choose another identifier")]
     IdInUse(EnvironmentId),
-    #[error("identifier \"{0}\" is in use with a different setup or repository; repeat the original request, or choose another identifier")]
-    DifferentCreate(EnvironmentId),
     #[error("environment \"{0}\" has a machine whose setup state was never recorded (its creation was interrupted), so nobody can say whether its toolchain exists; delete it (narya env delete {0}) and create it again")]
     SetupUnrecorded(EnvironmentId),
     #[error("no environment \"{0}\" in your organisation")]
@@ -26,6 +25,8 @@ pub enum EnvironmentError {
     },
     #[error("environment {id} is {status}; replace re-provisions only a gone environment (one whose machine the runtime no longer has)")]
     NotGone { id: EnvironmentId, status: Status },
+    #[error("environment {0} was deleted; create it again (narya env create {0}) for a new one")]
+    Deleted(EnvironmentId),
     #[error("environment {id} has no running machine right now ({source}); wait for it to come back or replace it")]
     NoRunningMachine {
         id: EnvironmentId,
@@ -56,6 +57,11 @@ pub enum EnvironmentError {
     },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The failure of a create that this request joined while it was provisioning.
+    #[error(transparent)]
+    Joined(Arc<EnvironmentError>),
+    #[error("the create of {0} that this request joined ended without an outcome; ask again")]
+    JoinedWithoutOutcome(EnvironmentId),
 }
 
 /// What a person should read when the runtime failed: whether waiting helps, and that nothing
@@ -73,6 +79,19 @@ fn runtime_failure(e: &RuntimeError) -> String {
 }
 
 impl EnvironmentError {
+    /// The failure itself, whether this request met it or joined a create that did.
+    pub fn cause(&self) -> &EnvironmentError {
+        match self {
+            EnvironmentError::Joined(shared) => shared.cause(),
+            other => other,
+        }
+    }
+
+    /// An error shared with joiners, back in one owner's hands when nobody joined.
+    pub(super) fn unshare(shared: Arc<EnvironmentError>) -> EnvironmentError {
+        Arc::try_unwrap(shared).unwrap_or_else(EnvironmentError::Joined)
+    }
+
     /// A task of ours that panicked or was cancelled.
     pub(super) fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Self {
         move |source| EnvironmentError::Task { what, source }

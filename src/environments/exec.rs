@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use super::{EnvironmentError, Environments, ExecRequest, Utf8Chunks};
 use crate::auth::Principal;
 use crate::model::{EnvironmentId, Status};
+use crate::store::EnvironmentRecord;
 
 /// A command running in an environment. Dropping it kills the command and all it started.
 pub struct ExecRun {
@@ -51,7 +52,7 @@ impl Environments {
         id: EnvironmentId,
         request: ExecRequest,
     ) -> Result<ExecRun, EnvironmentError> {
-        self.check_ready(principal, &id).await?;
+        let machine = self.check_ready(principal, &id).await?.machine;
         let (chunks, output) = mpsc::channel(64);
         let spec = ProcessSpec {
             argv: request.argv,
@@ -66,7 +67,7 @@ impl Environments {
         // receiving end of its output, so a caller that goes away takes the command with it.
         let runtime = self.runtime.clone();
         let task = tokio::spawn(async move {
-            match runtime.run(id.as_str(), &spec).await {
+            match runtime.run(&machine, &spec).await {
                 Ok(outcome) => Ok(outcome),
                 Err(e) if e.kind() == ErrorKind::NotFound => {
                     Err(EnvironmentError::NoRunningMachine { id, source: e })
@@ -81,12 +82,13 @@ impl Environments {
         })
     }
 
-    /// Whether `principal` may run commands in `id` now: it exists for them and is ready.
+    /// Environment `id`, if `principal` may run commands in it now: it exists for them and is
+    /// ready.
     async fn check_ready(
         &self,
         principal: &Principal,
         id: &EnvironmentId,
-    ) -> Result<(), EnvironmentError> {
+    ) -> Result<EnvironmentRecord, EnvironmentError> {
         let row = self.get(principal, id).await?;
         if row.status != Status::Ready {
             return Err(EnvironmentError::NotReady {
@@ -95,6 +97,6 @@ impl Environments {
                 detail: row.status_detail,
             });
         }
-        Ok(())
+        Ok(row)
     }
 }

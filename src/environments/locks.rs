@@ -1,21 +1,35 @@
 //! Keeping operations on one identifier apart: the per-identifier lock every create, delete,
-//! replace and restart takes, and the creates in flight that a repeat may join.
+//! replace and restart takes, and the creates in flight that a repeat joins.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
-use super::Progress;
-use crate::model::EnvironmentId;
+use super::{EnvironmentError, Progress};
+use crate::model::{EnvironmentId, Repository};
+use crate::store::EnvironmentRecord;
 
 type IdLock = Arc<tokio::sync::Mutex<()>>;
 
 #[derive(Default)]
 pub(super) struct Locks {
     by_id: Mutex<HashMap<EnvironmentId, IdLock>>,
-    /// The progress of creates that are provisioning now, for repeats that join them.
-    in_flight: Mutex<HashMap<EnvironmentId, broadcast::Sender<Progress>>>,
+    /// The creates that are provisioning now, for repeats that join them.
+    in_flight: Mutex<HashMap<EnvironmentId, Flight>>,
+}
+
+/// How a create in flight ended, as its joiners see it.
+pub(super) type FlightOutcome = Result<EnvironmentRecord, Arc<EnvironmentError>>;
+
+/// A create provisioning now: whose, what it was asked, its progress and, once known, its outcome.
+#[derive(Clone)]
+pub(super) struct Flight {
+    pub organisation: String,
+    pub setup: Option<String>,
+    pub repository: Option<Repository>,
+    pub events: broadcast::Sender<Progress>,
+    pub outcome: watch::Receiver<Option<FlightOutcome>>,
 }
 
 /// Holds one identifier's lock; forgets the lock when nobody else waits for it.
@@ -39,10 +53,19 @@ impl Drop for IdGuard<'_> {
     }
 }
 
-/// Forgets a create's progress channel when it ends, however it ends.
+/// A create's registration as in flight: it lands with its outcome, and is forgotten when it
+/// ends however it ends (a joiner of one that ended without landing hears so).
 pub(super) struct InFlight<'a> {
     owner: &'a Locks,
     id: EnvironmentId,
+    outcome: watch::Sender<Option<FlightOutcome>>,
+}
+
+impl InFlight<'_> {
+    /// Tells every joiner how the create ended.
+    pub(super) fn land(self, outcome: FlightOutcome) {
+        self.outcome.send_replace(Some(outcome));
+    }
 }
 
 impl Drop for InFlight<'_> {
@@ -83,26 +106,39 @@ impl Locks {
         })
     }
 
-    /// Makes `events` the progress a repeat of `id`'s create joins, until the guard drops.
+    /// Registers `id`'s create as in flight for `organisation`, asked for `setup` and
+    /// `repository`, with its progress on `events`, until the returned registration drops.
     pub(super) fn in_flight(
         &self,
         id: &EnvironmentId,
+        organisation: &str,
+        setup: Option<String>,
+        repository: Option<Repository>,
         events: &broadcast::Sender<Progress>,
     ) -> InFlight<'_> {
+        let (outcome, outcome_rx) = watch::channel(None);
+        let flight = Flight {
+            organisation: organisation.to_owned(),
+            setup,
+            repository,
+            events: events.clone(),
+            outcome: outcome_rx,
+        };
         self.in_flight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone(), events.clone());
+            .insert(id.clone(), flight);
         InFlight {
             owner: self,
             id: id.clone(),
+            outcome,
         }
     }
 
-    /// The progress of `id`'s create in flight, from now on.
-    pub(super) fn join(&self, id: &EnvironmentId) -> Option<broadcast::Receiver<Progress>> {
+    /// `id`'s create in flight, if there is one.
+    pub(super) fn flight(&self, id: &EnvironmentId) -> Option<Flight> {
         let in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        in_flight.get(id).map(broadcast::Sender::subscribe)
+        in_flight.get(id).cloned()
     }
 }
 
@@ -123,16 +159,24 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_create_in_flight_can_be_joined_until_it_ends() {
+    async fn a_create_in_flight_can_be_joined_until_it_lands() {
         let locks = Locks::default();
         let id: EnvironmentId = "demo".parse().unwrap();
-        assert!(locks.join(&id).is_none());
+        assert!(locks.flight(&id).is_none());
         let (events, _) = broadcast::channel(4);
-        let in_flight = locks.in_flight(&id, &events);
-        let mut joined = locks.join(&id).unwrap();
+        let in_flight = locks.in_flight(&id, "acme", Some("make".into()), None, &events);
+        let flight = locks.flight(&id).unwrap();
+        assert_eq!(
+            (flight.organisation.as_str(), flight.setup.as_deref()),
+            ("acme", Some("make"))
+        );
+        let mut progress = flight.events.subscribe();
         events.send(Progress::started("setup")).unwrap();
-        assert_eq!(joined.recv().await.unwrap(), Progress::started("setup"));
-        drop(in_flight);
-        assert!(locks.join(&id).is_none());
+        assert_eq!(progress.recv().await.unwrap(), Progress::started("setup"));
+        let mut outcome = flight.outcome.clone();
+        in_flight.land(Err(Arc::new(EnvironmentError::NotFound(id.clone()))));
+        let landed = outcome.wait_for(Option::is_some).await.unwrap().clone();
+        assert!(matches!(landed, Some(Err(_))));
+        assert!(locks.flight(&id).is_none());
     }
 }

@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use narya_runtimes::{MachineSpec, PinnedImage, Runtime};
 use std::collections::BTreeMap;
+
+use sha2::{Digest as _, Sha256};
 use tokio_util::task::TaskTracker;
 
+mod answer;
 mod clone;
 mod create;
 mod delete;
@@ -22,7 +25,7 @@ mod setup;
 #[cfg(test)]
 mod tests;
 
-pub use create::{CreateStream, Created};
+pub use answer::{CreateStream, Created, Differs};
 pub use error::EnvironmentError;
 pub use exec::ExecRun;
 pub use progress::{Progress, Utf8Chunks};
@@ -34,6 +37,21 @@ use crate::config::Config;
 use crate::model::EnvironmentId;
 use crate::organisation::Organisations;
 use crate::store::{EnvironmentRecord, Store};
+
+/// The runtime's name for the machine of `organisation`'s environment `id`: internal, so that
+/// every identifier the contract allows is a valid container name on every back end, and two
+/// organisations' machines never share one.
+pub fn machine_name(organisation: &str, id: &EnvironmentId) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(organisation.as_bytes());
+    hasher.update([0]);
+    hasher.update(id.as_str().as_bytes());
+    let hex: String = hasher.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("narya-{hex}")
+}
 
 /// What the status detail says while a create is in flight.
 pub const PROVISIONING: &str = "provisioning";
@@ -120,12 +138,14 @@ impl Environments {
 
     fn machine_spec(
         &self,
-        id: &EnvironmentId,
+        row: &EnvironmentRecord,
         image: PinnedImage,
         workspace: PathBuf,
     ) -> MachineSpec {
         MachineSpec {
-            id: id.to_string(),
+            id: row.machine.clone(),
+            environment: row.id.to_string(),
+            organisation: row.organisation.clone(),
             image,
             workspace,
             mount_point: self.config.environment.workspace.clone(),

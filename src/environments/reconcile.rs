@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use narya_runtimes::{ErrorKind, MachineInfo, MachineState};
 
+use super::create::UNDO_PENDING;
+use super::delete::unix_now;
 use super::Environments;
-use crate::model::{now_rfc3339, Status};
-use crate::store::EnvironmentRecord;
+use crate::model::{now_rfc3339, SetupState, SetupStep, Status};
+use crate::store::{EnvironmentRecord, SetupRecord};
 
 /// How often the runtime is compared with the store while it answers.
 const POLL: Duration = Duration::from_secs(2);
@@ -25,19 +27,23 @@ const RESTARTING: &str = "the machine stopped; the host is starting it again";
 const MISSING: &str =
     "the runtime no longer has this environment's machine; replace it or create a new one";
 const INTERRUPTED: &str = "its creation was interrupted before the setup state was recorded; delete it and create it again";
+/// The output of a step the host stopped during.
+const INTERRUPTED_OUTPUT: &str = "narya: the host stopped during this step, so nobody can say what it left behind; delete this environment and create it again\n";
 
 impl Environments {
-    /// Marks rows a previous daemon left provisioning: nothing is provisioning them now.
+    /// Records the creates and replaces a previous daemon left under way as interrupted in the
+    /// step they were in: nothing is provisioning them now, and nobody can say what they left.
     pub async fn mark_interrupted(&self) -> Result<(), crate::store::StoreError> {
         for row in self.store.list_all().await? {
-            if !row.setup_recorded && row.status_detail.as_deref() != Some(INTERRUPTED) {
+            let under_way = !row.setup_recorded && row.setup.is_none() && row.deleted_at.is_none();
+            if under_way {
                 tracing::warn!(environment.id = %row.id, organisation = %row.organisation, "creation was interrupted by a daemon stop");
                 self.store
-                    .set_status(
+                    .record_interrupted(
                         &row.organisation,
                         &row.id,
-                        Status::Unusable,
-                        Some(INTERRUPTED),
+                        INTERRUPTED,
+                        INTERRUPTED_OUTPUT,
                         &now_rfc3339(),
                     )
                     .await?;
@@ -93,14 +99,26 @@ impl Environments {
         &self,
         orphans_reported: &mut HashSet<String>,
     ) -> Result<(), String> {
-        let rows = self.store.list_all().await.map_err(|e| e.to_string())?;
+        let retention = self.config.environment.gone_retention.0.as_secs();
+        let expired = unix_now().saturating_sub(i64::try_from(retention).unwrap_or(i64::MAX));
+        match self.store.purge_deleted(expired).await {
+            Ok(0) => {}
+            Ok(purged) => {
+                tracing::info!(purged, "forgot deleted environments past their retention")
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+        let rows: Vec<_> = (self.store.list_all().await.map_err(|e| e.to_string())?)
+            .into_iter()
+            .filter(|r| r.deleted_at.is_none())
+            .collect();
         let machines = match self.runtime.list().await {
             Ok(machines) => machines,
             Err(e) if e.kind() == ErrorKind::Unavailable => {
-                for row in rows
-                    .iter()
-                    .filter(|r| r.setup_recorded && r.status != Status::Unusable)
-                {
+                // `gone` stays gone: a runtime coming back does not bring a lost machine back.
+                for row in rows.iter().filter(|r| {
+                    r.setup_recorded && r.status != Status::Unusable && r.status != Status::Gone
+                }) {
                     self.settle(row, Status::Degraded, Some(RUNTIME_UNREACHABLE))
                         .await;
                 }
@@ -108,17 +126,25 @@ impl Environments {
             }
             Err(e) => return Err(e.to_string()),
         };
-        let by_id: HashMap<&str, &MachineInfo> =
+        let by_name: HashMap<&str, &MachineInfo> =
             machines.iter().map(|m| (m.id.as_str(), m)).collect();
+        for row in rows.iter().filter(|r| {
+            !r.setup_recorded
+                && r.status_detail
+                    .as_deref()
+                    .is_some_and(|d| d.starts_with(UNDO_PENDING))
+        }) {
+            self.finish_undo(row).await;
+        }
         for row in &rows {
             if !row.setup_recorded || row.status == Status::Unusable {
                 continue;
             }
-            match by_id.get(row.id.as_str()).map(|m| m.state) {
+            match by_name.get(row.machine.as_str()).map(|m| m.state) {
                 Some(MachineState::Running) => self.settle(row, Status::Ready, None).await,
                 Some(_) => {
                     self.settle(row, Status::Degraded, Some(RESTARTING)).await;
-                    match self.runtime.start(row.id.as_str()).await {
+                    match self.runtime.start(&row.machine).await {
                         Ok(()) => {
                             tracing::info!(environment.id = %row.id, "stopped machine started again");
                             // Judged against the row as it now reads (degraded), not as this
@@ -138,13 +164,62 @@ impl Environments {
                 None => self.settle(row, Status::Gone, Some(MISSING)).await,
             }
         }
-        let known: HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        let known: HashSet<&str> = rows.iter().map(|r| r.machine.as_str()).collect();
         for machine in &machines {
             if !known.contains(machine.id.as_str()) && orphans_reported.insert(machine.id.clone()) {
                 tracing::warn!(machine = %machine.id, digest = ?machine.digest.as_ref().map(ToString::to_string), "a Narya machine the store does not know; a create without setup of this id adopts it");
             }
         }
         Ok(())
+    }
+
+    /// Finishes taking back a create whose undo the runtime refused, unless something holds the
+    /// identifier: the machine removed, and the record `unusable` with the cause.
+    async fn finish_undo(&self, row: &EnvironmentRecord) {
+        let Some(_guard) = self.locks.try_lock(&row.id) else {
+            return;
+        };
+        let Ok(Some(mut current)) = self.store.get(&row.organisation, &row.id).await else {
+            return;
+        };
+        let Some(cause) = current
+            .status_detail
+            .as_deref()
+            .filter(|_| !current.setup_recorded)
+            .and_then(|d| d.strip_prefix(UNDO_PENDING))
+            .map(str::to_owned)
+        else {
+            return;
+        };
+        if let Err(e) = self.runtime.remove(&row.machine).await {
+            tracing::warn!(environment.id = %row.id, error = %e, "still cannot take back a failed create; retrying");
+            return;
+        }
+        if let Err(e) = self.remove_workspace(&row.id) {
+            tracing::warn!(environment.id = %row.id, error = %e, "could not remove the workspace of a failed create");
+        }
+        let now = now_rfc3339();
+        current.setup = Some(SetupRecord {
+            state: SetupState::Failed,
+            step: SetupStep::Setup,
+            exit_code: None,
+            output: format!("narya: provisioning failed and was taken back: {cause}\n"),
+            output_truncated: false,
+            started_at: current.created_at.clone(),
+            finished_at: now.clone(),
+        });
+        current.setup_recorded = true;
+        current.status = Status::Unusable;
+        current.status_detail = Some(format!("provisioning failed: {cause}"));
+        current.updated_at = now;
+        match self.store.record(&current).await {
+            Ok(()) => {
+                tracing::info!(environment.id = %row.id, "took back a failed create; it reads unusable")
+            }
+            Err(e) => {
+                tracing::error!(environment.id = %row.id, error = %e, "could not record a taken-back create")
+            }
+        }
     }
 
     /// Writes `status` for `row` if it changed and no create, delete or replace holds the id.
@@ -159,8 +234,10 @@ impl Environments {
         let Ok(Some(current)) = self.store.get(&row.organisation, &row.id).await else {
             return;
         };
+        // A row deleted since the pass began is gone, whatever the runtime showed of it.
         if !current.setup_recorded
             || current.status == Status::Unusable
+            || current.deleted_at.is_some()
             || (current.status == status && current.status_detail.as_deref() == detail)
         {
             return;

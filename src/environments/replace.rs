@@ -7,7 +7,10 @@ use narya_runtimes::ImageSource;
 
 use super::{EnvironmentError, Environments, Progress};
 use crate::auth::Principal;
-use crate::model::{now_rfc3339, EnvironmentId, SetupState, Status};
+use crate::model::{now_rfc3339, EnvironmentId, SetupState, SetupStep, Status};
+
+/// The status detail while a replace runs.
+const REPLACING: &str = "replacing";
 use crate::store::EnvironmentRecord;
 
 impl Environments {
@@ -31,8 +34,11 @@ impl Environments {
     ) -> Result<EnvironmentRecord, EnvironmentError> {
         let _guard = self.locks.lock(&id).await;
         let mut row = self.get(&principal, &id).await?;
+        if row.deleted_at.is_some() {
+            return Err(EnvironmentError::Deleted(id));
+        }
         // The store may lag the runtime by a poll: ask the runtime itself.
-        let state = self.runtime.inspect(id.as_str()).await?;
+        let state = self.runtime.inspect(&row.machine).await?;
         if row.status != Status::Gone || state != narya_runtimes::MachineState::Missing {
             return Err(EnvironmentError::NotGone {
                 id,
@@ -47,32 +53,59 @@ impl Environments {
                 pinned: Some(row.image_digest.clone()),
             })
             .await?;
+        // Unrecorded until the setup has run again: a daemon stop from here on reads as an
+        // interrupted setup, never as last time's record.
+        let mut replacing = EnvironmentRecord {
+            setup_recorded: false,
+            setup: None,
+            status: Status::Degraded,
+            status_detail: Some(REPLACING.to_owned()),
+            updated_at: now_rfc3339(),
+            ..row.clone()
+        };
+        self.store.record(&replacing).await?;
         self.store
-            .set_status(
-                &row.organisation,
-                &row.id,
-                Status::Degraded,
-                Some("replacing"),
-                &now_rfc3339(),
-            )
+            .set_step(&row.organisation, &id, SetupStep::Setup, &now_rfc3339())
             .await?;
-        self.runtime.remove(id.as_str()).await?;
-        let workspace = self.prepare_workspace(&id, false)?;
-        self.runtime
-            .create_machine(&self.machine_spec(&id, pinned, workspace))
-            .await?;
-        tracing::info!("machine made again from the pinned digest");
-        if let Some(script) = row.setup_script.clone() {
-            let (events, _) = tokio::sync::broadcast::channel::<Progress>(1);
-            let setup = self.run_setup(&id, &script, &events).await?;
-            row.status = if setup.state == SetupState::Succeeded {
-                Status::Ready
-            } else {
-                Status::Unusable
-            };
-            row.setup = Some(setup);
-        } else {
-            row.status = Status::Ready;
+        let remade = async {
+            self.runtime.remove(&row.machine).await?;
+            let workspace = self.prepare_workspace(&id, false)?;
+            self.runtime
+                .create_machine(&self.machine_spec(&row, pinned, workspace))
+                .await?;
+            tracing::info!("machine made again from the pinned digest");
+            match row.setup_script.clone() {
+                Some(script) => {
+                    let (events, _) = tokio::sync::broadcast::channel::<Progress>(1);
+                    self.run_setup(&row.machine, &script, &events)
+                        .await
+                        .map(Some)
+                }
+                None => Ok(None),
+            }
+        }
+        .await;
+        match remade {
+            Ok(Some(setup)) => {
+                row.status = if setup.state == SetupState::Succeeded {
+                    Status::Ready
+                } else {
+                    Status::Unusable
+                };
+                row.setup = Some(setup);
+            }
+            Ok(None) => row.status = Status::Ready,
+            Err(e) => {
+                // Back to gone as it was, with no machine a later pass could take for ready.
+                tracing::warn!(error = %e, "replacing failed; the environment stays gone");
+                if let Err(e) = self.runtime.remove(&row.machine).await {
+                    tracing::warn!(error = %e, "could not remove the half-made machine");
+                }
+                replacing = row;
+                replacing.updated_at = now_rfc3339();
+                self.store.record(&replacing).await?;
+                return Err(e);
+            }
         }
         row.status_detail = None;
         row.updated_at = now_rfc3339();

@@ -9,7 +9,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::{EnvironmentError, Environments, Progress, Utf8Chunks};
 use crate::github::Redactor;
-use crate::model::{now_rfc3339, rfc3339, EnvironmentId, SetupState, SetupStep};
+use crate::model::{now_rfc3339, rfc3339, SetupState, SetupStep};
 use crate::store::SetupRecord;
 
 /// Runs the setup script from stdin as a file in the machine's private /tmp: a script may be
@@ -69,10 +69,11 @@ pub(super) fn forward_output(
 }
 
 impl Environments {
-    /// Runs the setup script once, bounded, as the unprivileged user in the workspace.
+    /// Runs the setup script once in `machine`, bounded, as the unprivileged user in the
+    /// workspace.
     pub(super) async fn run_setup(
         &self,
-        id: &EnvironmentId,
+        machine: &str,
         script: &str,
         events: &broadcast::Sender<Progress>,
     ) -> Result<SetupRecord, EnvironmentError> {
@@ -88,7 +89,7 @@ impl Environments {
             stdin: Some(script.as_bytes().to_vec()),
             output: Some(chunks),
         };
-        let outcome = self.runtime.run(id.as_str(), &spec).await;
+        let outcome = self.runtime.run(machine, &spec).await;
         drop(spec);
         let _ = forward.await;
         let outcome = outcome?;

@@ -61,6 +61,10 @@ pub struct EnvironmentRecord {
     pub setup: Option<SetupRecord>,
     pub created_at: String,
     pub updated_at: String,
+    /// When it was deleted (unix seconds): its row answers `gone` until the retention passes.
+    pub deleted_at: Option<i64>,
+    /// The runtime's name for its machine.
+    pub machine: String,
 }
 
 #[derive(Clone)]
@@ -71,7 +75,7 @@ pub struct Store {
 const COLUMNS: &str = "id, organisation, person, fingerprint, setup_script, repository, \
     image_digest, setup_recorded, status, status_detail, setup_state, setup_step, \
     setup_exit_code, setup_output, setup_output_truncated, setup_started_at, setup_finished_at, \
-    created_at, updated_at";
+    created_at, updated_at, deleted_at, machine";
 
 /// Column `column` of `row`, parsed into its domain type: a value that does not parse is a
 /// corrupt row, said at once rather than found later.
@@ -134,12 +138,14 @@ fn record_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EnvironmentRecord, S
         setup,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        deleted_at: row.try_get("deleted_at")?,
+        machine: row.try_get("machine")?,
     })
 }
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
 
-/// Binds the columns a row's life changes, from `fingerprint` to `updated_at`, in table order.
+/// Binds the columns a row's life changes, from `fingerprint` to `deleted_at`, in table order.
 fn bind_changing<'q>(query: Query<'q>, record: &'q EnvironmentRecord) -> Query<'q> {
     let setup = record.setup.as_ref();
     query
@@ -158,6 +164,7 @@ fn bind_changing<'q>(query: Query<'q>, record: &'q EnvironmentRecord) -> Query<'
         .bind(setup.map(|s| &s.started_at))
         .bind(setup.map(|s| &s.finished_at))
         .bind(&record.updated_at)
+        .bind(record.deleted_at)
 }
 
 impl Store {
@@ -260,14 +267,17 @@ impl Store {
             "INSERT INTO environments (id, organisation, person, created_at, fingerprint, \
              setup_script, repository, image_digest, setup_recorded, status, status_detail, \
              setup_state, setup_step, setup_exit_code, setup_output, setup_output_truncated, \
-             setup_started_at, setup_finished_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             setup_started_at, setup_finished_at, updated_at, deleted_at, machine) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(record.id.as_str())
         .bind(&record.organisation)
         .bind(&record.person)
         .bind(&record.created_at);
-        bind_changing(query, record).execute(&self.pool).await?;
+        bind_changing(query, record)
+            .bind(&record.machine)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -279,9 +289,10 @@ impl Store {
              image_digest = ?, setup_recorded = ?, status = ?, status_detail = ?, \
              setup_state = ?, setup_step = ?, setup_exit_code = ?, setup_output = ?, \
              setup_output_truncated = ?, setup_started_at = ?, setup_finished_at = ?, \
-             updated_at = ? WHERE organisation = ? AND id = ?",
+             updated_at = ?, deleted_at = ?, machine = ? WHERE organisation = ? AND id = ?",
         );
         bind_changing(query, record)
+            .bind(&record.machine)
             .bind(&record.organisation)
             .bind(record.id.as_str())
             .execute(&self.pool)
@@ -297,6 +308,65 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// Notes which step of a create or replace is under way, so that a daemon stop can say
+    /// which one it interrupted.
+    pub async fn set_step(
+        &self,
+        organisation: &str,
+        id: &EnvironmentId,
+        step: SetupStep,
+        at: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE environments SET setup_step = ?, setup_started_at = ? \
+             WHERE organisation = ? AND id = ? AND setup_recorded = 0",
+        )
+        .bind(step.as_str())
+        .bind(at)
+        .bind(organisation)
+        .bind(id.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Records a create or replace the host stopped during as `unusable`, its setup state
+    /// `interrupted` in the step it was in; the setup state itself stays unrecorded.
+    pub async fn record_interrupted(
+        &self,
+        organisation: &str,
+        id: &EnvironmentId,
+        detail: &str,
+        output: &str,
+        at: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE environments SET status = 'unusable', status_detail = ?, \
+             setup_state = 'interrupted', setup_step = COALESCE(setup_step, 'setup'), \
+             setup_exit_code = NULL, setup_output = ?, setup_output_truncated = 0, \
+             setup_started_at = COALESCE(setup_started_at, created_at), setup_finished_at = ?, \
+             updated_at = ? WHERE organisation = ? AND id = ? AND setup_recorded = 0",
+        )
+        .bind(detail)
+        .bind(output)
+        .bind(at)
+        .bind(at)
+        .bind(organisation)
+        .bind(id.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Removes the rows of environments deleted before `before` (unix seconds); how many went.
+    pub async fn purge_deleted(&self, before: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query("DELETE FROM environments WHERE deleted_at < ?")
+            .bind(before)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     /// The GitHub App installation `organisation` connected, if any.
@@ -366,6 +436,8 @@ mod tests {
             }),
             created_at: "2026-11-30T00:00:00Z".to_owned(),
             updated_at: "2026-11-30T00:00:01Z".to_owned(),
+            deleted_at: None,
+            machine: format!("narya-{id}"),
         }
     }
 
@@ -444,6 +516,52 @@ mod tests {
         store.close().await;
         let store = Store::open(&path).await.unwrap();
         assert!(store.get("acme", &demo()).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_step_is_recorded_in_the_step_it_was_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+        let mut row = record("demo", "acme");
+        row.setup_recorded = false;
+        row.setup = None;
+        store.insert(&row).await.unwrap();
+        store
+            .set_step("acme", &demo(), SetupStep::Clone, "t1")
+            .await
+            .unwrap();
+        store
+            .record_interrupted("acme", &demo(), "stopped", "narya: stopped", "t2")
+            .await
+            .unwrap();
+        let read = store.get("acme", &demo()).await.unwrap().unwrap();
+        assert_eq!(
+            (read.status, read.setup_recorded),
+            (Status::Unusable, false)
+        );
+        let setup = read.setup.unwrap();
+        assert_eq!(
+            (setup.state, setup.step),
+            (SetupState::Interrupted, SetupStep::Clone)
+        );
+        assert_eq!(
+            (setup.started_at.as_str(), setup.finished_at.as_str()),
+            ("t1", "t2")
+        );
+    }
+
+    #[tokio::test]
+    async fn deleted_rows_are_purged_once_their_retention_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+        let mut gone = record("demo", "acme");
+        gone.deleted_at = Some(100);
+        store.insert(&gone).await.unwrap();
+        store.insert(&record("kept", "acme")).await.unwrap();
+        assert_eq!(store.purge_deleted(100).await.unwrap(), 0);
+        assert_eq!(store.get("acme", &demo()).await.unwrap(), Some(gone));
+        assert_eq!(store.purge_deleted(101).await.unwrap(), 1);
+        assert_eq!(store.list("acme").await.unwrap().len(), 1);
     }
 
     #[tokio::test]

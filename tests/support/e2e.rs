@@ -1,6 +1,7 @@
-//! End-to-end fixtures: a real daemon on the real containerd with the official image, an
-//! identity-provider double, and a direct line to containerd to check what the daemon made.
+//! End-to-end fixtures: a real daemon on a real runtime with the official image, an
+//! identity-provider double, and a direct line to the runtime to check what the daemon made.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 
 use narya_runtimes::containerd::{Containerd, ContainerdConfig};
 use narya_runtimes::docker::{Docker, DockerConfig};
-use narya_runtimes::{MachineState, ProcessOutcome, ProcessSpec, Runtime};
+use narya_runtimes::{MachineState, Runtime};
 use serde_json::{json, Value};
 
 use super::idp::IdentityProvider;
@@ -18,6 +19,13 @@ use super::{make_key, now, Daemon, TestKey};
 
 /// The containerd namespace every end-to-end test shares; ids keep them apart.
 pub const NAMESPACE: &str = "narya-e2e";
+
+/// The labels the contract says identify a machine (its runtime name is internal).
+pub const LABEL_ENVIRONMENT: &str = "dev.narya.environment";
+pub const LABEL_ORGANISATION: &str = "dev.narya.organisation";
+pub const LABEL_DIGEST: &str = "dev.narya.image-digest";
+/// Marks a clone's throwaway container, which carries the identifier too but is no machine.
+pub const LABEL_THROWAWAY: &str = "dev.narya.throwaway";
 
 /// The runtime back ends every end-to-end test body runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,50 +207,210 @@ impl Host {
 
     /// A client of organisation `acme` over the unix socket.
     pub fn acme(&self) -> Client {
-        self.daemon.unix(Some(&self.token("acme")))
+        self.client("acme")
+    }
+
+    /// A client of `organisation` over the unix socket.
+    pub fn client(&self, organisation: &str) -> Client {
+        self.daemon.unix(Some(&self.token(organisation)))
     }
 
     pub fn workspace(&self, id: &str) -> PathBuf {
         self.daemon.dir.path().join("state/workspaces").join(id)
     }
 
-    /// Runs a shell command in machine `id` directly through containerd.
-    pub async fn sh(&self, id: &str, script: &str) -> ProcessOutcome {
-        self.runtime
-            .run(
-                id,
-                &ProcessSpec {
-                    argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
-                    env: Default::default(),
-                    cwd: None,
-                    timeout: Duration::from_secs(30),
-                    output_limit: 1 << 20,
-                    stdin: None,
-                    output: None,
-                },
-            )
-            .await
-            .expect("running in the machine")
-    }
-
+    /// The state of environment `id`'s machine, found by its label: `Missing` when there is
+    /// none.
     pub async fn state(&self, id: &str) -> MachineState {
-        self.runtime.inspect(id).await.expect("containerd answers")
+        let found = self.labelled(id).await;
+        assert!(found.len() <= 1, "{} machines for {id}", found.len());
+        match found.first() {
+            None => MachineState::Missing,
+            Some(machine) if machine.running => MachineState::Running,
+            Some(_) => MachineState::Stopped,
+        }
     }
 
-    /// How many machines in containerd carry environment id `id`.
-    pub async fn machines_named(&self, id: &str) -> usize {
-        self.runtime
-            .list()
+    /// How many machines in the runtime carry environment id `id` in their label.
+    pub async fn machines_labelled(&self, id: &str) -> usize {
+        self.labelled(id).await.len()
+    }
+
+    /// The one machine of environment `id`, found by its label.
+    pub async fn machine(&self, id: &str) -> LabelledMachine {
+        let mut found = self.labelled(id).await;
+        assert_eq!(found.len(), 1, "machines labelled {id}: {found:?}");
+        found.remove(0)
+    }
+
+    /// Every machine (never a throwaway) whose `dev.narya.environment` label is `id`, whatever
+    /// its organisation, as the runtime's own CLI reports it.
+    pub async fn labelled(&self, id: &str) -> Vec<LabelledMachine> {
+        let names = match self.backend {
+            Backend::Containerd => {
+                let filter = format!("labels.\"{LABEL_ENVIRONMENT}\"=={id}");
+                self.cli(&["containers", "ls", "-q", &filter])
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+            Backend::Docker => {
+                let filter = format!("label={LABEL_ENVIRONMENT}={id}");
+                self.cli(&["ps", "-a", "--filter", &filter, "--format", "{{.Names}}"])
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+        };
+        let running = match self.backend {
+            Backend::Containerd => Some(
+                self.cli(&["tasks", "ls"])
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+            ),
+            Backend::Docker => None,
+        };
+        let mut found = Vec::new();
+        for name in names.split_whitespace() {
+            // A machine removed since the listing is no longer there to report.
+            let (labels, is_running) = match self.backend {
+                Backend::Containerd => {
+                    let Ok(info) = self.cli(&["containers", "info", name]).await else {
+                        continue;
+                    };
+                    let info: Value = serde_json::from_str(&info)
+                        .unwrap_or_else(|e| panic!("ctr containers info {name}: {e}: {info}"));
+                    let tasks = running.as_deref().unwrap_or_default();
+                    let is_running = tasks.lines().any(|line| {
+                        let mut fields = line.split_whitespace();
+                        fields.next() == Some(name) && fields.nth(1) == Some("RUNNING")
+                    });
+                    (info["Labels"].clone(), is_running)
+                }
+                Backend::Docker => {
+                    let Ok(info) = self.cli(&["inspect", name]).await else {
+                        continue;
+                    };
+                    let info: Value = serde_json::from_str(&info)
+                        .unwrap_or_else(|e| panic!("docker inspect {name}: {e}: {info}"));
+                    let is_running = info[0]["State"]["Running"] == true;
+                    (info[0]["Config"]["Labels"].clone(), is_running)
+                }
+            };
+            let labels: BTreeMap<String, String> =
+                serde_json::from_value(labels).unwrap_or_default();
+            if labels.contains_key(LABEL_THROWAWAY) {
+                continue;
+            }
+            found.push(LabelledMachine {
+                name: name.to_owned(),
+                labels,
+                running: is_running,
+            });
+        }
+        found
+    }
+
+    /// Runs the runtime's own CLI (`ctr` in the tests' namespace, or `docker`) against the
+    /// runtime this host's daemon uses; its standard output, or why it failed.
+    async fn cli(&self, args: &[&str]) -> Result<String, String> {
+        let mut command = match self.backend {
+            Backend::Containerd => {
+                let mut ctr = tokio::process::Command::new("ctr");
+                ctr.args(["--address", &self.socket, "--namespace", NAMESPACE]);
+                ctr
+            }
+            Backend::Docker => {
+                let mut docker = tokio::process::Command::new("docker");
+                docker.args(["-H", &format!("unix://{}", self.socket)]);
+                docker
+            }
+        };
+        let out = command
+            .args(args)
+            .output()
             .await
-            .expect("containerd answers")
-            .iter()
-            .filter(|m| m.id == id)
-            .count()
+            .expect("the runtime's CLI runs");
+        if !out.status.success() {
+            return Err(format!(
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Removes machine `id` whatever the daemon thinks (test clean-up).
+    /// Runs a shell command as root in environment `id`'s machine, through the runtime's CLI.
+    pub async fn sh(&self, id: &str, script: &str) -> Ran {
+        let name = self.machine(id).await.name;
+        let exec_id = format!("e2e-{}", unique_id("sh"));
+        let mut command = match self.backend {
+            Backend::Containerd => {
+                let mut ctr = tokio::process::Command::new("ctr");
+                ctr.args(["--address", &self.socket, "--namespace", NAMESPACE])
+                    .args(["tasks", "exec", "--exec-id", &exec_id, &name]);
+                ctr
+            }
+            Backend::Docker => {
+                let mut docker = tokio::process::Command::new("docker");
+                docker
+                    .args(["-H", &format!("unix://{}", self.socket)])
+                    .args(["exec", &name]);
+                docker
+            }
+        };
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            command.args(["/bin/sh", "-c", script]).output(),
+        )
+        .await
+        .expect("the command ends within 30 s")
+        .expect("the runtime's CLI runs");
+        let mut output = out.stdout;
+        output.extend_from_slice(&out.stderr);
+        Ran {
+            exit_code: out.status.code(),
+            output,
+        }
+    }
+
+    /// Removes every machine labelled as environment `id`, whatever the daemon thinks (test
+    /// clean-up, or a machine lost from outside).
     pub async fn remove(&self, id: &str) {
-        let _ = self.runtime.remove(id).await;
+        for machine in self.labelled(id).await {
+            self.remove_machine(&machine).await;
+        }
+    }
+
+    /// Removes `machine` through the runtime, by its name.
+    pub async fn remove_machine(&self, machine: &LabelledMachine) {
+        let _ = self.runtime.remove(&machine.name).await;
+    }
+}
+
+/// What a command run through the runtime's CLI gave.
+#[derive(Debug)]
+pub struct Ran {
+    pub exit_code: Option<i32>,
+    /// Standard output, then standard error.
+    pub output: Vec<u8>,
+}
+
+/// A machine as the runtime's own tools report it. Its name is internal to the daemon and may
+/// change; its labels say whose it is.
+#[derive(Clone, Debug)]
+pub struct LabelledMachine {
+    /// The runtime's name for it.
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub running: bool,
+}
+
+impl LabelledMachine {
+    pub fn organisation(&self) -> Option<&str> {
+        self.labels.get(LABEL_ORGANISATION).map(String::as_str)
+    }
+
+    pub fn digest(&self) -> Option<&str> {
+        self.labels.get(LABEL_DIGEST).map(String::as_str)
     }
 }
 
@@ -267,6 +435,73 @@ pub async fn get(client: &Client, id: &str) -> Answer {
         .send(Method::GET, &format!("/v1/environments/{id}"), None)
         .await
         .unwrap()
+}
+
+pub async fn delete(client: &Client, id: &str) -> Answer {
+    client
+        .send(Method::DELETE, &format!("/v1/environments/{id}"), None)
+        .await
+        .unwrap()
+}
+
+/// The environments `LIST` answers.
+pub async fn list(client: &Client) -> Vec<Value> {
+    let answer = client
+        .send(Method::GET, "/v1/environments", None)
+        .await
+        .unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    body(&answer)["environments"]
+        .as_array()
+        .expect("a list of environments")
+        .clone()
+}
+
+/// Runs `argv` in environment `id` through the API.
+pub async fn exec(client: &Client, id: &str, argv: &[&str]) -> Answer {
+    client
+        .send_json(
+            Method::POST,
+            &format!("/v1/environments/{id}/exec"),
+            &json!({ "argv": argv }),
+        )
+        .await
+        .unwrap()
+}
+
+/// What a create answered in `Narya-Create-Differs`, if it said anything.
+pub fn differs(answer: &Answer) -> Option<String> {
+    answer
+        .headers
+        .get("narya-create-differs")
+        .map(|v| v.to_str().expect("a text header").to_owned())
+}
+
+/// Polls `GET` until `check` holds of the environment, within `within`; returns it.
+pub async fn until(
+    client: &Client,
+    id: &str,
+    within: Duration,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let answer = get(client, id).await;
+        if answer.status == StatusCode::OK {
+            let env = body(&answer);
+            if check(&env) {
+                return env;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} not {what} within {within:?}: {} {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 pub fn body(answer: &Answer) -> Value {

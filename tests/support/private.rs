@@ -277,14 +277,15 @@ impl PrivateRuntime {
         }
     }
 
-    /// Kills every process of machine `id` from outside, as the OOM killer or an admin would.
-    pub fn kill_machine(&self, namespace: &str, id: &str) {
+    /// Kills every process of the machine the runtime names `name` from outside, as the OOM
+    /// killer or an admin would.
+    pub fn kill_machine(&self, namespace: &str, name: &str) {
         let out = match self {
             PrivateRuntime::Containerd(c) => c.ctr(
                 namespace,
-                &["task", "kill", "--signal", "SIGKILL", "--all", id],
+                &["task", "kill", "--signal", "SIGKILL", "--all", name],
             ),
-            PrivateRuntime::Docker(d) => d.docker(&["kill", id]),
+            PrivateRuntime::Docker(d) => d.docker(&["kill", name]),
         };
         assert!(
             out.status.success(),

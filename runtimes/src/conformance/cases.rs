@@ -101,6 +101,8 @@ impl Context<'_> {
         let workspace = self.workspace(&id)?;
         let spec = MachineSpec {
             id: id.clone(),
+            environment: environment_of(&id),
+            organisation: self.fixture.prefix.clone(),
             image: self.pinned().await?,
             workspace: workspace.clone(),
             mount_point: self.fixture.mount_point.clone(),
@@ -250,10 +252,18 @@ async fn machine_runs_unprivileged(c: &Context<'_>) -> Result<(), Outcome> {
     Ok(())
 }
 
+/// The environment identifier machine `id` serves: a shape no container name allows, so that
+/// every identifier the contract allows must travel in a label, never in the machine's name.
+fn environment_of(id: &str) -> String {
+    format!("{id}..A_b-")
+}
+
 async fn create_on_an_existing_id_is_already_exists(c: &Context<'_>) -> Result<(), Outcome> {
     let (id, workspace) = c.machine(0).await?;
     let spec = MachineSpec {
         id: id.clone(),
+        environment: environment_of(&id),
+        organisation: c.fixture.prefix.clone(),
         image: c.pinned().await?,
         workspace,
         mount_point: c.fixture.mount_point.clone(),
@@ -352,6 +362,31 @@ async fn list_returns_exactly_our_machines(c: &Context<'_>) -> Result<(), Outcom
             .all(|m| m.digest.as_ref() == Some(&digest) && m.state == MachineState::Running),
         || format!("listed {listed:?}"),
     )?;
+    // Identifier and organisation come back from the labels exactly, whatever their shape.
+    let labelled: Vec<(Option<&str>, Option<&str>)> = listed
+        .iter()
+        .map(|m| (m.environment.as_deref(), m.organisation.as_deref()))
+        .collect();
+    let (first, second) = (environment_of(&a), environment_of(&b));
+    let organisation = Some(c.fixture.prefix.as_str());
+    check(
+        labelled
+            == [
+                (Some(first.as_str()), organisation),
+                (Some(second.as_str()), organisation),
+            ],
+        || format!("labels read back as {labelled:?}"),
+    )?;
+    let of_second: Vec<String> = c
+        .runtime
+        .machines_of(&second)
+        .await?
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    check(of_second == [b.clone()], || {
+        format!("machines_of({second:?}) answered {of_second:?}")
+    })?;
     c.runtime.remove(&a).await?;
     let ids: Vec<String> = ours(c.runtime.list().await?)
         .into_iter()

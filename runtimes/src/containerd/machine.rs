@@ -88,13 +88,24 @@ impl Containerd {
         Ok(machine_state(self.task_status(id).await?))
     }
 
-    /// `Runtime::list`.
-    pub(super) async fn list_machines(&self) -> Result<Vec<MachineInfo>> {
+    /// `Runtime::list`, or `Runtime::machines_of` when `environment` is given.
+    pub(super) async fn list_machines(
+        &self,
+        environment: Option<&str>,
+    ) -> Result<Vec<MachineInfo>> {
+        let filter = match environment {
+            // containerd's filter syntax quotes a value with `"` and escapes with `\\`.
+            Some(value) => {
+                let quoted = value.replace('\\', "\\\\").replace('"', "\\\"");
+                format!("labels.\"{LABEL_ENVIRONMENT}\"==\"{quoted}\"")
+            }
+            None => format!("labels.\"{LABEL_ENVIRONMENT}\""),
+        };
         let containers = self
             .conn
             .containers()
             .list(self.conn.request(ListContainersRequest {
-                filters: vec![format!("labels.\"{LABEL_ENVIRONMENT}\"")],
+                filters: vec![filter],
             }))
             .await
             .map_err(|e| classify("listing machines", e))?

@@ -143,15 +143,19 @@ impl Docker {
             .map_or(MachineState::Missing, |m| m.state))
     }
 
-    /// `Runtime::list`.
-    pub(super) async fn list_machines(&self) -> Result<Vec<MachineInfo>> {
+    /// `Runtime::list`, or `Runtime::machines_of` when `environment` is given.
+    pub(super) async fn list_machines(
+        &self,
+        environment: Option<&str>,
+    ) -> Result<Vec<MachineInfo>> {
         let client = self.engine.client().await?;
+        let label = match environment {
+            Some(value) => format!("{LABEL_ENVIRONMENT}={value}"),
+            None => LABEL_ENVIRONMENT.to_owned(),
+        };
         let options = ListContainersOptions {
             all: true,
-            filters: Some(HashMap::from([(
-                "label".to_owned(),
-                vec![LABEL_ENVIRONMENT.to_owned()],
-            )])),
+            filters: Some(HashMap::from([("label".to_owned(), vec![label])])),
             ..Default::default()
         };
         let containers = client

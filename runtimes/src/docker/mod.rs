@@ -81,7 +81,11 @@ impl Runtime for Docker {
     }
 
     async fn list(&self) -> Result<Vec<MachineInfo>> {
-        self.list_machines().await
+        self.list_machines(None).await
+    }
+
+    async fn machines_of(&self, environment: &str) -> Result<Vec<MachineInfo>> {
+        self.list_machines(Some(environment)).await
     }
 
     async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>> {

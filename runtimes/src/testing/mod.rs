@@ -337,6 +337,8 @@ impl Runtime for FakeRuntime {
         }
         let info = MachineInfo {
             id: spec.id.clone(),
+            environment: Some(spec.environment.clone()),
+            organisation: Some(spec.organisation.clone()),
             digest: Some(spec.image.digest.clone()),
             state: MachineState::Running,
         };

@@ -21,6 +21,8 @@ fn source(pinned: Option<Digest>) -> ImageSource {
 async fn machine_spec(fake: &FakeRuntime, id: &str) -> MachineSpec {
     MachineSpec {
         id: id.to_owned(),
+        environment: format!("{id}."),
+        organisation: "acme".to_owned(),
         image: fake.ensure_image(&source(None)).await.unwrap(),
         workspace: PathBuf::from(format!("/srv/workspaces/{id}")),
         mount_point: "/workspace".to_owned(),
@@ -391,6 +393,8 @@ async fn an_added_machine_is_listed_as_given() {
     let fake = FakeRuntime::new();
     let orphan = MachineInfo {
         id: "env-orphan".to_owned(),
+        environment: Some("orphan".to_owned()),
+        organisation: Some("globex".to_owned()),
         digest: Some(Digest::of(b"an older image")),
         state: MachineState::Stopped,
     };

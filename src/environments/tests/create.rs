@@ -3,8 +3,8 @@
 use narya_runtimes::testing::{FakeOutcome, Op};
 use narya_runtimes::{ErrorKind, MachineInfo, MachineState};
 
-use super::{acme, digest, person, request, Host};
-use crate::environments::{EnvironmentError, Progress};
+use super::{acme, digest, person, request, request_with, Host};
+use crate::environments::{Differs, EnvironmentError, Progress};
 use crate::model::{SetupState, SetupStep, Status};
 
 #[tokio::test]
@@ -46,7 +46,7 @@ async fn a_setup_runs_once_in_the_machine_with_the_script_on_its_input() {
     assert_eq!(created.record().status, Status::Ready);
     let processes = host.fake.processes();
     assert_eq!(processes.len(), 1);
-    assert_eq!(processes[0].machine, "demo");
+    assert_eq!(processes[0].machine, host.name("demo"));
     assert!(!processes[0].throwaway);
     assert_eq!(processes[0].stdin.as_deref(), Some(&b"make tools"[..]));
 }
@@ -97,20 +97,43 @@ async fn a_repeat_of_a_recorded_create_answers_as_it_stands_and_runs_nothing() {
 }
 
 #[tokio::test]
-async fn a_repeat_with_another_setup_is_refused_and_changes_nothing() {
+async fn a_repeat_with_another_setup_answers_what_exists_and_says_what_differs() {
     let host = Host::new().await;
-    host.create("demo", Some("make")).await;
-    let before = host.row("acme", "demo").await;
-    let refused = host.try_create(acme(), "demo", Some("make all")).await;
-    assert!(matches!(refused, Err(EnvironmentError::DifferentCreate(_))));
-    assert_eq!(host.row("acme", "demo").await, before);
-    assert_eq!(host.fake.processes().len(), 1);
+    let first = host.create("demo", Some("make")).await;
+    let again = host
+        .environments
+        .create(
+            acme(),
+            request_with("demo", Some("make all"), Some("acme/app")),
+        )
+        .await
+        .unwrap();
+    assert!(!again.is_new());
+    assert_eq!(
+        again.record(),
+        first.record(),
+        "the environment is as it was"
+    );
+    assert_eq!(
+        again.differs(),
+        Differs {
+            setup: true,
+            repository: true
+        }
+    );
+    assert_eq!(host.fake.processes().len(), 1, "no script ran again");
+    let same = host.create("demo", Some("make")).await;
+    assert_eq!(same.differs(), Differs::default());
 }
 
 #[tokio::test]
 async fn another_organisations_identifier_is_refused_without_showing_it() {
     let host = Host::new().await;
     host.create("demo", None).await;
+    host.environments
+        .delete(acme(), "demo".parse().unwrap())
+        .await
+        .unwrap();
     let refused = host.try_create(person("globex"), "demo", None).await;
     assert!(matches!(refused, Err(EnvironmentError::IdInUse(_))));
     assert!(host.row("globex", "demo").await.is_none());
@@ -140,6 +163,39 @@ async fn a_repeat_while_the_first_is_provisioning_joins_it() {
     assert!(first.is_new() && !joined.is_new());
     assert_eq!(joined.record(), first.record());
     assert_eq!(host.fake.processes().len(), 1, "the setup ran once");
+}
+
+#[tokio::test]
+async fn a_repeat_that_joined_a_create_that_failed_answers_its_failure_and_provisions_nothing() {
+    let host = Host::new().await;
+    let stall = host.fake.stall(Op::Run);
+    let first = host.create_in_background("demo", Some("make"));
+    stall.reached().await;
+    let joined = host
+        .environments
+        .create_streamed(acme(), request("demo", Some("make")))
+        .await
+        .unwrap();
+    let waiting = host.create_in_background("demo", Some("make"));
+    tokio::task::yield_now().await;
+    host.fake.fail_next(Op::Run, ErrorKind::Unavailable);
+    stall.release();
+    let first = first.await.unwrap();
+    assert!(matches!(
+        first.as_ref().map_err(EnvironmentError::cause),
+        Err(EnvironmentError::Runtime(_))
+    ));
+    for answer in [joined.outcome().await, waiting.await.unwrap()] {
+        match answer {
+            Err(e) => assert!(matches!(e.cause(), EnvironmentError::Runtime(_)), "{e:?}"),
+            Ok(created) => panic!("a joiner provisioned again: {created:?}"),
+        }
+    }
+    assert_eq!(host.fake.calls(Op::CreateMachine), 1, "provisioned once");
+    assert!(
+        host.row("acme", "demo").await.is_none(),
+        "the failed create was undone"
+    );
 }
 
 #[tokio::test]
@@ -216,7 +272,7 @@ async fn adopting_a_row_whose_machine_is_gone_remakes_it_from_the_pinned_digest(
     assert_eq!(adopted.record().image_digest, digest('a'));
     let spec = host
         .fake
-        .machine_spec("demo")
+        .machine_spec(&host.name("demo"))
         .expect("the machine made again");
     assert_eq!(spec.image.digest, digest('a'), "never a newer digest");
 }
@@ -225,7 +281,9 @@ async fn adopting_a_row_whose_machine_is_gone_remakes_it_from_the_pinned_digest(
 async fn a_setup_less_create_adopts_a_machine_the_store_does_not_know() {
     let host = Host::new().await;
     host.fake.add_machine(MachineInfo {
-        id: "demo".to_owned(),
+        id: host.name("demo"),
+        environment: Some("demo".to_owned()),
+        organisation: Some("acme".to_owned()),
         digest: Some(digest('c')),
         state: MachineState::Running,
     });
@@ -235,6 +293,52 @@ async fn a_setup_less_create_adopts_a_machine_the_store_does_not_know() {
     assert!(!adopted.is_new());
     assert_eq!(adopted.record().image_digest, digest('c'));
     assert_eq!(host.fake.calls(Op::CreateMachine), 0);
+}
+
+#[tokio::test]
+async fn another_organisations_machine_is_never_adopted() {
+    let host = Host::new().await;
+    host.fake.add_machine(MachineInfo {
+        id: super::super::machine_name("globex", &"demo".parse().unwrap()),
+        environment: Some("demo".to_owned()),
+        organisation: Some("globex".to_owned()),
+        digest: Some(digest('c')),
+        state: MachineState::Running,
+    });
+    let refused = host.try_create(acme(), "demo", None).await;
+    assert!(matches!(refused, Err(EnvironmentError::IdInUse(_))));
+    assert!(host.row("acme", "demo").await.is_none());
+    let adopted = host
+        .try_create(person("globex"), "demo", None)
+        .await
+        .unwrap();
+    assert!(!adopted.is_new());
+    assert_eq!(adopted.record().organisation, "globex");
+    assert_eq!(host.fake.calls(Op::CreateMachine), 0);
+}
+
+#[tokio::test]
+async fn every_identifier_the_contract_allows_gets_a_machine_of_its_own() {
+    let host = Host::new().await;
+    let long = "a".repeat(64);
+    for id in ["a", "a-", "a..b", "x_-y", "A.b_c-d", long.as_str()] {
+        host.create(id, None).await;
+        let machine = host
+            .machine(id)
+            .unwrap_or_else(|| panic!("no machine for {id}"));
+        assert!(
+            machine.id.starts_with("narya-") && machine.id.len() <= 63,
+            "{}",
+            machine.id
+        );
+        assert!(machine
+            .id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'));
+    }
+    let names: std::collections::HashSet<String> =
+        host.fake.machines().into_iter().map(|m| m.id).collect();
+    assert_eq!(names.len(), 6);
 }
 
 /// After a create failed at `op`, nothing of it is left: no row, no machine, no workspace.
@@ -281,7 +385,7 @@ async fn a_setup_the_runtime_could_not_run_is_undone() {
 }
 
 #[tokio::test]
-async fn an_undo_the_runtime_refuses_leaves_the_row_unrecorded_and_saying_why() {
+async fn an_undo_the_runtime_refuses_is_finished_by_the_reconciler_and_reads_unusable() {
     let host = Host::new().await;
     host.fake.fail_next(Op::Run, ErrorKind::Unavailable);
     host.fake.fail_next(Op::Remove, ErrorKind::Unavailable);
@@ -294,4 +398,19 @@ async fn an_undo_the_runtime_refuses_leaves_the_row_unrecorded_and_saying_why() 
     assert!(host.machine("demo").is_some(), "the machine could not go");
     let again = host.try_create(acme(), "demo", Some("make")).await;
     assert!(matches!(again, Err(EnvironmentError::SetupUnrecorded(_))));
+
+    host.environments
+        .reconcile_once(&mut Default::default())
+        .await
+        .unwrap();
+    assert!(host.machine("demo").is_none(), "the undo is finished");
+    let row = host.row("acme", "demo").await.unwrap();
+    assert_eq!((row.status, row.setup_recorded), (Status::Unusable, true));
+    let setup = row.setup.expect("a setup record saying why");
+    assert_eq!(setup.state, SetupState::Failed);
+    assert!(
+        setup.output.starts_with("narya: provisioning failed"),
+        "{}",
+        setup.output
+    );
 }

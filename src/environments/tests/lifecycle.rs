@@ -8,7 +8,7 @@ use narya_runtimes::{ErrorKind, MachineState};
 
 use super::{acme, digest, id, person, Host};
 use crate::environments::{EnvironmentError, ExecRequest, RUNTIME_UNREACHABLE};
-use crate::model::Status;
+use crate::model::{SetupState, SetupStep, Status};
 
 impl Host {
     async fn reconcile(&self) -> Result<(), String> {
@@ -34,7 +34,7 @@ fn command(argv: &[&str]) -> ExecRequest {
 }
 
 #[tokio::test]
-async fn delete_destroys_machine_workspace_and_row_of_its_organisation_only() {
+async fn delete_destroys_machine_and_workspace_and_keeps_the_record_gone() {
     let host = Host::new().await;
     host.create("demo", None).await;
     let foreign = host.environments.delete(person("globex"), id("demo")).await;
@@ -42,11 +42,66 @@ async fn delete_destroys_machine_workspace_and_row_of_its_organisation_only() {
     assert!(host.machine("demo").is_some());
 
     host.environments.delete(acme(), id("demo")).await.unwrap();
-    assert!(host.row("acme", "demo").await.is_none());
+    assert_eq!(
+        host.status("demo").await,
+        (Status::Gone, Some("deleted".to_owned()))
+    );
     assert!(host.machine("demo").is_none());
     assert!(!host.workspace_exists("demo"));
-    let again = host.environments.delete(acme(), id("demo")).await;
-    assert!(matches!(again, Err(EnvironmentError::NotFound(_))));
+    host.environments.delete(acme(), id("demo")).await.unwrap();
+    let exec = host
+        .environments
+        .exec(&acme(), id("demo"), command(&["true"]))
+        .await;
+    assert!(matches!(
+        exec,
+        Err(EnvironmentError::NotReady {
+            status: Status::Gone,
+            ..
+        })
+    ));
+    let replace = host.environments.replace(acme(), id("demo")).await;
+    assert!(matches!(replace, Err(EnvironmentError::Deleted(_))));
+    host.fake.set_down(true);
+    host.reconcile().await.unwrap_err();
+    assert_eq!(host.status("demo").await.0, Status::Gone, "gone stays gone");
+}
+
+#[tokio::test]
+async fn a_create_of_a_deleted_identifier_provisions_afresh() {
+    let host = Host::new().await;
+    host.create("demo", Some("make")).await;
+    std::fs::write(host.config.workspaces_dir().join("demo/left.txt"), "x").unwrap();
+    host.environments.delete(acme(), id("demo")).await.unwrap();
+    let again = host.create("demo", None).await;
+    assert!(again.is_new());
+    assert_eq!(
+        (again.record().status, again.record().deleted_at),
+        (Status::Ready, None)
+    );
+    assert_eq!(again.record().setup_script, None);
+    assert!(!host.config.workspaces_dir().join("demo/left.txt").exists());
+    assert_eq!(host.fake.calls(Op::CreateMachine), 2);
+}
+
+#[tokio::test]
+async fn a_deleted_record_is_forgotten_once_its_retention_passed() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    host.create("kept", None).await;
+    host.environments.delete(acme(), id("demo")).await.unwrap();
+    host.environments.delete(acme(), id("kept")).await.unwrap();
+    host.reconcile().await.unwrap();
+    assert!(
+        host.row("acme", "demo").await.is_some(),
+        "within the retention"
+    );
+    let mut old = host.row("acme", "demo").await.unwrap();
+    old.deleted_at = Some(1);
+    host.store.record(&old).await.unwrap();
+    host.reconcile().await.unwrap();
+    assert!(host.row("acme", "demo").await.is_none());
+    assert!(host.row("acme", "kept").await.is_some());
 }
 
 #[tokio::test]
@@ -77,7 +132,7 @@ async fn a_delete_during_a_create_waits_for_it_then_removes_what_it_made() {
     stall.release();
     assert!(create.await.unwrap().unwrap().is_new());
     delete.await.unwrap().unwrap();
-    assert!(host.row("acme", "demo").await.is_none());
+    assert_eq!(host.status("demo").await.0, Status::Gone);
     assert!(host.machine("demo").is_none());
 }
 
@@ -91,17 +146,48 @@ async fn a_lost_machine_is_gone_and_replace_remakes_it_from_the_pinned_digest() 
         .image_digest
         .clone();
     host.fake.set_image_digest(digest('f'));
-    host.fake.lose_machine("demo");
+    host.fake.lose_machine(&host.name("demo"));
     host.reconcile().await.unwrap();
     assert_eq!(host.status("demo").await.0, Status::Gone);
 
     let replaced = host.environments.replace(acme(), id("demo")).await.unwrap();
     assert_eq!(replaced.status, Status::Ready);
     assert_eq!(replaced.image_digest, pinned);
-    assert_eq!(host.fake.machine_spec("demo").unwrap().image.digest, pinned);
+    assert_eq!(
+        host.fake
+            .machine_spec(&host.name("demo"))
+            .unwrap()
+            .image
+            .digest,
+        pinned
+    );
     let scripts: Vec<_> = host.fake.processes().into_iter().map(|p| p.stdin).collect();
     assert_eq!(scripts, [Some(b"make".to_vec()), Some(b"make".to_vec())]);
     assert_eq!(host.status("demo").await, (Status::Ready, None));
+}
+
+#[tokio::test]
+async fn a_replace_keeps_the_setup_unrecorded_until_its_setup_has_run_again() {
+    let host = Host::new().await;
+    host.create("demo", Some("make")).await;
+    host.fake.lose_machine(&host.name("demo"));
+    host.reconcile().await.unwrap();
+    let stall = host.fake.stall(Op::Run);
+    let environments = host.environments.clone();
+    let replace = tokio::spawn(async move { environments.replace(acme(), id("demo")).await });
+    stall.reached().await;
+    let row = host.row("acme", "demo").await.unwrap();
+    assert_eq!(
+        (row.setup_recorded, row.setup, row.status),
+        (false, None, Status::Degraded)
+    );
+    // What a daemon restarted now would make of it: interrupted, never ready.
+    host.environments.mark_interrupted().await.unwrap();
+    let row = host.row("acme", "demo").await.unwrap();
+    assert_eq!(row.status, Status::Unusable);
+    assert_eq!(row.setup.unwrap().state, SetupState::Interrupted);
+    stall.release();
+    replace.await.unwrap().unwrap();
 }
 
 #[tokio::test]
@@ -123,7 +209,7 @@ async fn replace_refuses_an_environment_that_is_not_gone() {
 async fn a_replace_whose_setup_fails_is_unusable() {
     let host = Host::new().await;
     host.create("demo", Some("make")).await;
-    host.fake.lose_machine("demo");
+    host.fake.lose_machine(&host.name("demo"));
     host.reconcile().await.unwrap();
     host.fake.on_process(|_| FakeOutcome::Exit {
         code: 1,
@@ -138,7 +224,7 @@ async fn a_replace_whose_setup_fails_is_unusable() {
 async fn the_reconciler_starts_a_stopped_machine_again() {
     let host = Host::new().await;
     host.create("demo", None).await;
-    host.fake.stop_machine("demo");
+    host.fake.stop_machine(&host.name("demo"));
     host.reconcile().await.unwrap();
     assert_eq!(host.fake.calls(Op::Start), 1);
     assert_eq!(host.machine("demo").unwrap().state, MachineState::Running);
@@ -194,6 +280,11 @@ async fn a_create_a_daemon_stop_interrupted_reads_unusable_after_a_restart() {
     host.environments.mark_interrupted().await.unwrap();
     let row = host.row("acme", "demo").await.unwrap();
     assert_eq!((row.status, row.setup_recorded), (Status::Unusable, false));
+    let setup = row.setup.expect("a setup record saying why");
+    assert_eq!(
+        (setup.state, setup.step),
+        (SetupState::Interrupted, SetupStep::Setup)
+    );
     host.reconcile().await.unwrap();
     assert_eq!(host.status("demo").await.0, Status::Unusable);
 }
@@ -223,7 +314,7 @@ async fn exec_runs_in_a_ready_environment_and_refuses_every_other() {
         .await;
     assert!(matches!(foreign, Err(EnvironmentError::NotFound(_))));
 
-    host.fake.lose_machine("demo");
+    host.fake.lose_machine(&host.name("demo"));
     let lost = host
         .environments
         .exec(&acme(), id("demo"), command(&["true"]))

@@ -36,7 +36,7 @@ impl Host {
         let me = std::fs::metadata(dir.path()).unwrap();
         let config = Config::parse(&format!(
             "state_dir = {state:?}\n\n[identity]\nissuer = \"https://id.test\"\naudience = \"narya\"\n\n\
-             [environment]\nuser = \"{uid}:{gid}\"\nworkspace = \"/workspace\"\n",
+             [environment]\nuser = \"{uid}:{gid}\"\nworkspace = \"/workspace\"\ngone_retention = \"1h\"\n",
             state = dir.path().join("state").display().to_string(),
             uid = me.uid(),
             gid = me.gid(),
@@ -99,8 +99,17 @@ impl Host {
         self.config.workspaces_dir().join(id).exists()
     }
 
+    /// The machine serving `id`, found by its label as an operator would.
     fn machine(&self, id: &str) -> Option<MachineInfo> {
-        self.fake.machines().into_iter().find(|m| m.id == id)
+        self.fake
+            .machines()
+            .into_iter()
+            .find(|m| m.environment.as_deref() == Some(id))
+    }
+
+    /// The runtime's name for acme's machine of `id`.
+    fn name(&self, id: &str) -> String {
+        super::machine_name("acme", &id.parse().unwrap())
     }
 
     /// Leaves `id` as a daemon that died mid-create would: a row whose setup state was never
@@ -112,9 +121,16 @@ impl Host {
         row.status = crate::model::Status::Degraded;
         row.status_detail = Some(super::PROVISIONING.to_owned());
         self.store.insert(&row).await.unwrap();
+        let step = crate::model::SetupStep::Setup;
+        self.store
+            .set_step("acme", &row.id, step, "2026-12-01T00:00:01Z")
+            .await
+            .unwrap();
         if let Some(state) = machine {
             self.fake.add_machine(MachineInfo {
-                id: id.to_owned(),
+                id: self.name(id),
+                environment: Some(id.to_owned()),
+                organisation: Some("acme".to_owned()),
                 digest: Some(digest.clone()),
                 state,
             });
@@ -137,6 +153,8 @@ fn row_for(id: &str, organisation: &str, digest: &Digest) -> EnvironmentRecord {
         setup: None,
         created_at: "2026-12-01T00:00:00Z".to_owned(),
         updated_at: "2026-12-01T00:00:00Z".to_owned(),
+        deleted_at: None,
+        machine: super::machine_name(organisation, &id.parse().unwrap()),
     }
 }
 
@@ -152,7 +170,11 @@ fn acme() -> Principal {
 }
 
 fn request(id: &str, setup: Option<&str>) -> CreateRequest {
-    CreateRequest::validate(id, setup.map(str::to_owned), None).unwrap()
+    request_with(id, setup, None)
+}
+
+fn request_with(id: &str, setup: Option<&str>, repository: Option<&str>) -> CreateRequest {
+    CreateRequest::validate(id, setup.map(str::to_owned), repository).unwrap()
 }
 
 fn id(text: &str) -> EnvironmentId {
