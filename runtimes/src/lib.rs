@@ -252,6 +252,9 @@ pub enum MachineState {
     Running,
     Stopped,
     Missing,
+    /// The runtime cannot tell right now (a busy shim answering late or "unknown", a paused or
+    /// restarting container): neither running nor stopped. Ask again later; never act on it.
+    Unknown,
 }
 
 /// A Narya-labelled machine found in the runtime.
@@ -311,11 +314,13 @@ pub trait Runtime: Send + Sync {
 
     /// A stream that yields whenever the runtime reports a change to its machines (a process
     /// exited, a container went), and ends when the runtime stops reporting. A nudge to look
-    /// again with `list`/`inspect`, never the truth itself. Errors: `Unavailable`.
+    /// again with `list`/`inspect`, never the truth itself. Processes run with `run` ending are
+    /// not changes to machines and are not reported. Errors: `Unavailable`.
     async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>>;
 
     /// Starts a stopped machine again with its workspace. Idempotent on a running machine.
-    /// Errors: `NotFound`; `Unavailable`.
+    /// A machine whose state the runtime cannot tell is left alone: `Unavailable`, never a
+    /// restart that could kill a busy, healthy machine. Errors: `NotFound`; `Unavailable`.
     async fn start(&self, id: &str) -> Result<()>;
 
     /// Stops and deletes the machine and its writable layer, never the workspace. Idempotent:

@@ -9,15 +9,16 @@ use tokio::time::Instant;
 
 use crate::{ErrorKind, MachineState, Result, RuntimeError};
 
-/// The machine `id` of back end `runtime` as found with its state, when it is running; else
-/// `NotFound`: a process is only ever run in a running machine.
+/// The machine `id` of back end `runtime` as found with its state, unless it is known not to
+/// run: `NotFound`. A machine whose state the runtime cannot tell right now (a busy shim) is
+/// tried: the runtime itself refuses a process in a machine that is not running.
 pub(crate) fn require_running<M>(
     runtime: &str,
     id: &str,
     found: Option<(M, MachineState)>,
 ) -> Result<M> {
     match found {
-        Some((machine, MachineState::Running)) => Ok(machine),
+        Some((machine, MachineState::Running | MachineState::Unknown)) => Ok(machine),
         _ => Err(RuntimeError::plain(
             ErrorKind::NotFound,
             format!("{runtime}: machine {id} is not running"),

@@ -182,7 +182,8 @@ impl Environments {
     ) -> Result<EnvironmentRecord, EnvironmentError> {
         tracing::info!("adopting an environment whose creation was interrupted");
         match self.runtime.inspect(&row.machine).await? {
-            MachineState::Running => {}
+            // Running, or busy and not known to be stopped: adopted as it is.
+            MachineState::Running | MachineState::Unknown => {}
             MachineState::Stopped => self.runtime.start(&row.machine).await?,
             MachineState::Missing => {
                 let pinned = self

@@ -142,25 +142,9 @@ impl Environments {
             }
             match by_name.get(row.machine.as_str()).map(|m| m.state) {
                 Some(MachineState::Running) => self.settle(row, Status::Ready, None).await,
-                Some(_) => {
-                    self.settle(row, Status::Degraded, Some(RESTARTING)).await;
-                    match self.runtime.start(&row.machine).await {
-                        Ok(()) => {
-                            tracing::info!(environment.id = %row.id, "stopped machine started again");
-                            // Judged against the row as it now reads (degraded), not as this
-                            // pass found it (ready), or the restart would stay unrecorded.
-                            let restarting = EnvironmentRecord {
-                                status: Status::Degraded,
-                                status_detail: Some(RESTARTING.to_owned()),
-                                ..row.clone()
-                            };
-                            self.settle(&restarting, Status::Ready, None).await;
-                        }
-                        Err(e) => {
-                            tracing::warn!(environment.id = %row.id, error = %e, "could not start a stopped machine; retrying")
-                        }
-                    }
-                }
+                // Nobody can tell right now (a busy shim): asked again on the next pass.
+                Some(MachineState::Unknown) => {}
+                Some(MachineState::Stopped | MachineState::Missing) => self.restart(row).await,
                 None => self.settle(row, Status::Gone, Some(MISSING)).await,
             }
         }
@@ -230,25 +214,83 @@ impl Environments {
         let Some(_guard) = self.locks.try_lock(&row.id) else {
             return;
         };
-        // Re-read under the lock: the row may have changed since the pass began.
-        let Ok(Some(current)) = self.store.get(&row.organisation, &row.id).await else {
+        if let Some(current) = self.settled_row(row).await {
+            self.record_status(&current, status, detail).await;
+        }
+    }
+
+    /// `row` as it reads now, under its lock, if the reconciler may still judge it: recorded,
+    /// not unusable, not deleted.
+    async fn settled_row(&self, row: &EnvironmentRecord) -> Option<EnvironmentRecord> {
+        let current = self.store.get(&row.organisation, &row.id).await.ok()??;
+        let judged = current.setup_recorded
+            && current.status != Status::Unusable
+            && current.deleted_at.is_none();
+        judged.then_some(current)
+    }
+
+    /// Starts a machine seen stopped again, holding its environment's lock so that no create,
+    /// delete or replace races it, and only once the runtime says again that it is stopped: a
+    /// machine whose state it cannot tell is never restarted.
+    async fn restart(&self, row: &EnvironmentRecord) {
+        let Some(_guard) = self.locks.try_lock(&row.id) else {
             return;
         };
-        // A row deleted since the pass began is gone, whatever the runtime showed of it.
-        if !current.setup_recorded
-            || current.status == Status::Unusable
-            || current.deleted_at.is_some()
-            || (current.status == status && current.status_detail.as_deref() == detail)
-        {
+        let Some(current) = self.settled_row(row).await else {
+            return;
+        };
+        match self.runtime.inspect(&current.machine).await {
+            Ok(MachineState::Stopped) => {}
+            Ok(state) => {
+                tracing::debug!(environment.id = %row.id, ?state, "no longer seen stopped; left alone");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(environment.id = %row.id, error = %e, "cannot confirm a stopped machine; asking again later");
+                return;
+            }
+        }
+        self.record_status(&current, Status::Degraded, Some(RESTARTING))
+            .await;
+        match self.runtime.start(&current.machine).await {
+            Ok(()) => {
+                tracing::info!(environment.id = %row.id, "stopped machine started again");
+                let restarting = EnvironmentRecord {
+                    status: Status::Degraded,
+                    status_detail: Some(RESTARTING.to_owned()),
+                    ..current
+                };
+                self.record_status(&restarting, Status::Ready, None).await;
+            }
+            Err(e) => {
+                tracing::warn!(environment.id = %row.id, error = %e, "could not start a stopped machine; retrying")
+            }
+        }
+    }
+
+    /// Writes `status` for `current` (read under its lock) if it changed.
+    async fn record_status(
+        &self,
+        current: &EnvironmentRecord,
+        status: Status,
+        detail: Option<&str>,
+    ) {
+        if current.status == status && current.status_detail.as_deref() == detail {
             return;
         }
-        tracing::info!(environment.id = %row.id, from = current.status.as_str(), to = status.as_str(), detail, "status changed");
+        tracing::info!(environment.id = %current.id, from = current.status.as_str(), to = status.as_str(), detail, "status changed");
         if let Err(e) = self
             .store
-            .set_status(&row.organisation, &row.id, status, detail, &now_rfc3339())
+            .set_status(
+                &current.organisation,
+                &current.id,
+                status,
+                detail,
+                &now_rfc3339(),
+            )
             .await
         {
-            tracing::error!(environment.id = %row.id, error = %e, "could not record a status change");
+            tracing::error!(environment.id = %current.id, error = %e, "could not record a status change");
         }
     }
 }

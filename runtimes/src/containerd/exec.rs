@@ -2,6 +2,7 @@
 //! own task, with output through FIFOs, watched to its end and cleaned up after.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use containerd_client::services::v1::{
@@ -80,7 +81,20 @@ impl Containerd {
         let container = self.container(id).await?;
         let state = machine_state(self.task_status(id).await?);
         let container = require_running(self.name(), id, Some((container, state)))?;
+        let gate = self.exec_gate(id);
+        let _turn = gate.acquire().await.map_err(|_| {
+            RuntimeError::plain(ErrorKind::Other, format!("the exec queue of {id} closed"))
+        })?;
         self.exec_in(id, &container, spec_in).await
+    }
+
+    /// Machine `id`'s exec queue.
+    fn exec_gate(&self, id: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut gates = self.exec_gates.lock().unwrap_or_else(|p| p.into_inner());
+        gates
+            .entry(id.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(super::EXECS_PER_MACHINE)))
+            .clone()
     }
 
     /// `Runtime::run_throwaway`: its own container and task, removed whatever happened.

@@ -39,7 +39,31 @@ pub(super) fn spec_any(value: &serde_json::Value, type_url: &str) -> Result<pros
 pub(super) fn machine_state(status: Option<TaskStatus>) -> MachineState {
     match status {
         Some(TaskStatus::Running) => MachineState::Running,
-        _ => MachineState::Stopped,
+        // A busy shim answers its state late and containerd then says "unknown": that is not
+        // stopped, and restarting on it would kill a healthy machine.
+        Some(TaskStatus::Unknown | TaskStatus::Paused | TaskStatus::Pausing) => {
+            MachineState::Unknown
+        }
+        Some(TaskStatus::Created | TaskStatus::Stopped) | None => MachineState::Stopped,
+    }
+}
+
+/// Whether an event is a change to a machine rather than to one of its processes: an exec's
+/// events (added, started, its exit, its deletion) are not, and dozens at once must not each
+/// set off a pass. A task's own process has the container's id; an exec has its own.
+fn is_machine_change(envelope: &containerd_client::types::Envelope) -> bool {
+    use containerd_client::events::{TaskDelete, TaskExit};
+    use prost::Message;
+    let payload = envelope.event.as_ref().map(|any| any.value.as_slice());
+    match envelope.topic.as_str() {
+        "/tasks/exec-added" | "/tasks/exec-started" => false,
+        "/tasks/exit" => payload
+            .and_then(|bytes| TaskExit::decode(bytes).ok())
+            .is_none_or(|exit| exit.id.is_empty() || exit.id == exit.container_id),
+        "/tasks/delete" => payload
+            .and_then(|bytes| TaskDelete::decode(bytes).ok())
+            .is_none_or(|delete| delete.id.is_empty() || delete.id == delete.container_id),
+        _ => true,
     }
 }
 
@@ -113,7 +137,15 @@ impl Containerd {
             .containers;
         let mut found = Vec::with_capacity(containers.len());
         for c in containers {
-            let state = machine_state(self.task_status(&c.id).await?);
+            // The runtime answered the listing; one task that does not answer in time is a
+            // machine whose state nobody can tell, not a failed listing.
+            let state = match self.task_status(&c.id).await {
+                Ok(status) => machine_state(status),
+                Err(e) => {
+                    tracing::debug!(machine = %c.id, error = %e, "task state not told");
+                    MachineState::Unknown
+                }
+            };
             found.push((c.labels, state));
         }
         Ok(labels::machines(found))
@@ -144,7 +176,10 @@ impl Containerd {
             loop {
                 tokio::select! {
                     event = events.next() => match event {
-                        Some(Ok(_)) => {
+                        Some(Ok(envelope)) => {
+                            if !is_machine_change(&envelope) {
+                                continue;
+                            }
                             if nudges.send(()).await.is_err() {
                                 return;
                             }
@@ -164,10 +199,15 @@ impl Containerd {
     /// `Runtime::start`: a stopped task is deleted and made again on the same snapshot.
     pub(super) async fn start_machine(&self, id: &str) -> Result<()> {
         self.container(id).await?;
-        match self.task_status(id).await? {
-            Some(TaskStatus::Running) => return Ok(()),
-            Some(_) => self.stop_task(id).await?,
-            None => {}
+        match machine_state(self.task_status(id).await?) {
+            MachineState::Running => return Ok(()),
+            MachineState::Unknown => {
+                return Err(RuntimeError::plain(
+                    ErrorKind::Unavailable,
+                    format!("containerd cannot tell the state of machine {id}; not restarting it"),
+                ))
+            }
+            MachineState::Stopped | MachineState::Missing => self.stop_task(id).await?,
         }
         let mounts = self.mounts(id).await?;
         self.start_task(id, mounts).await.map(|_| ())
@@ -175,6 +215,10 @@ impl Containerd {
 
     /// `Runtime::remove`: task, container record, then snapshot; each gone already is fine.
     pub(super) async fn remove_machine(&self, id: &str) -> Result<()> {
+        self.exec_gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
         match self.container(id).await {
             Ok(_) => {}
             Err(RuntimeError::NotFound { .. }) => {
@@ -411,5 +455,51 @@ impl Containerd {
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(classify(&format!("deleting the task of {id}"), e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use containerd_client::events::TaskExit;
+    use containerd_client::types::Envelope;
+    use prost::Message;
+
+    use super::is_machine_change;
+
+    fn envelope(topic: &str, event: Option<TaskExit>) -> Envelope {
+        Envelope {
+            topic: topic.to_owned(),
+            namespace: "narya".to_owned(),
+            event: event.map(|e| prost_types::Any {
+                type_url: "containerd.events.TaskExit".to_owned(),
+                value: e.encode_to_vec(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn exit(container_id: &str, id: &str) -> Option<TaskExit> {
+        Some(TaskExit {
+            container_id: container_id.to_owned(),
+            id: id.to_owned(),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn an_execs_events_are_no_change_to_its_machine() {
+        assert!(!is_machine_change(&envelope("/tasks/exec-added", None)));
+        assert!(!is_machine_change(&envelope("/tasks/exec-started", None)));
+        assert!(!is_machine_change(&envelope(
+            "/tasks/exit",
+            exit("m", "exec-7")
+        )));
+    }
+
+    #[test]
+    fn a_machines_own_exit_and_removal_are_changes() {
+        assert!(is_machine_change(&envelope("/tasks/exit", exit("m", "m"))));
+        assert!(is_machine_change(&envelope("/containers/delete", None)));
+        assert!(is_machine_change(&envelope("/tasks/oom", None)));
     }
 }

@@ -8,6 +8,7 @@ mod machine;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use narya_oci::Digest;
@@ -40,7 +41,13 @@ pub struct Containerd {
     pinning: ImagePinning,
     fifo_dir: PathBuf,
     images: Mutex<HashMap<Digest, LocalImage>>,
+    /// Per machine, how many processes may be starting or running in it at once: a runc shim
+    /// answers dozens of simultaneous execs so slowly that they time out, so they queue here.
+    exec_gates: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
+
+/// Processes one machine's shim is given at once; the rest wait their turn.
+const EXECS_PER_MACHINE: usize = 8;
 
 /// A name no other call of this process or any other uses, for leases, uploads, scratch
 /// snapshots and execs.
@@ -68,6 +75,7 @@ impl Containerd {
             pinning: ImagePinning::new(config.insecure_registries)?,
             fifo_dir: config.fifo_dir,
             images: Mutex::new(HashMap::new()),
+            exec_gates: std::sync::Mutex::new(HashMap::new()),
         })
     }
 }

@@ -78,7 +78,13 @@ pub(super) fn host_config(
 fn machine_state(status: Option<ContainerStateStatusEnum>) -> MachineState {
     match status {
         Some(ContainerStateStatusEnum::RUNNING) => MachineState::Running,
-        // Created, paused, restarting, exited, dead, being removed: not serving.
+        // On its way somewhere: not stopped, and not to be restarted.
+        Some(
+            ContainerStateStatusEnum::PAUSED
+            | ContainerStateStatusEnum::RESTARTING
+            | ContainerStateStatusEnum::REMOVING,
+        ) => MachineState::Unknown,
+        // Created, exited, dead: not serving.
         _ => MachineState::Stopped,
     }
 }
@@ -165,6 +171,11 @@ impl Docker {
         Ok(labels::machines(containers.into_iter().map(|c| {
             let state = match c.state {
                 Some(ContainerSummaryStateEnum::RUNNING) => MachineState::Running,
+                Some(
+                    ContainerSummaryStateEnum::PAUSED
+                    | ContainerSummaryStateEnum::RESTARTING
+                    | ContainerSummaryStateEnum::REMOVING,
+                ) => MachineState::Unknown,
                 _ => MachineState::Stopped,
             };
             (c.labels.unwrap_or_default(), state)
@@ -183,6 +194,17 @@ impl Docker {
             filters: Some(std::collections::HashMap::from([
                 ("type".to_owned(), vec!["container".to_owned()]),
                 ("label".to_owned(), vec![LABEL_ENVIRONMENT.to_owned()]),
+                // What happens to machines; an exec's events (exec_create, exec_start,
+                // exec_die) are not, and dozens at once must not each set off a pass.
+                (
+                    "event".to_owned(),
+                    [
+                        "create", "start", "die", "stop", "kill", "oom", "destroy", "pause",
+                        "unpause",
+                    ]
+                    .map(str::to_owned)
+                    .to_vec(),
+                ),
             ])),
         };
         Ok(client
@@ -198,8 +220,15 @@ impl Docker {
         let machine = self.machine(client, id).await?.ok_or_else(|| {
             RuntimeError::plain(ErrorKind::NotFound, format!("docker: no machine {id}"))
         })?;
-        if machine.state == MachineState::Running {
-            return Ok(());
+        match machine.state {
+            MachineState::Running => return Ok(()),
+            MachineState::Unknown => {
+                return Err(RuntimeError::plain(
+                    ErrorKind::Unavailable,
+                    format!("docker: machine {id} is neither running nor stopped; not starting it"),
+                ))
+            }
+            MachineState::Stopped | MachineState::Missing => {}
         }
         client
             .start_container(&machine.container, None::<StartContainerOptions>)

@@ -184,6 +184,24 @@ impl FakeRuntime {
         }
     }
 
+    /// The runtime can no longer tell machine `id`'s state (a busy shim): `Unknown` until
+    /// [`FakeRuntime::tell_state`]; processes still run in it, and `start` refuses it.
+    pub fn hide_state(&self, id: &str) {
+        self.set_state(id, MachineState::Unknown);
+    }
+
+    /// The runtime tells machine `id`'s state again: `Running`.
+    pub fn tell_state(&self, id: &str) {
+        self.set_state(id, MachineState::Running);
+    }
+
+    fn set_state(&self, id: &str, to: MachineState) {
+        let mut state = self.lock();
+        if let Some(machine) = state.machines.get_mut(id) {
+            machine.info.state = to;
+        }
+    }
+
     /// Machine `id` is removed behind the daemon's back: `Missing` from now on.
     pub fn lose_machine(&self, id: &str) {
         let mut state = self.lock();
@@ -356,7 +374,9 @@ impl Runtime for FakeRuntime {
         let workspace = {
             let state = self.lock();
             match state.machines.get(id) {
-                Some(m) if m.info.state == MachineState::Running => {
+                Some(m)
+                    if matches!(m.info.state, MachineState::Running | MachineState::Unknown) =>
+                {
                     m.spec.as_ref().map(|s| s.workspace.clone())
                 }
                 _ => return answer(after, Op::Run, Err(not_running(id))),
@@ -427,9 +447,19 @@ impl Runtime for FakeRuntime {
             let missing = RuntimeError::plain(ErrorKind::NotFound, format!("no machine {id}"));
             return answer(after, Op::Start, Err(missing));
         };
-        if machine.info.state != MachineState::Running {
-            machine.info.state = MachineState::Running;
-            state.changed();
+        match machine.info.state {
+            MachineState::Running => {}
+            MachineState::Unknown => {
+                let untold = RuntimeError::plain(
+                    ErrorKind::Unavailable,
+                    format!("the state of machine {id} cannot be told; not restarting it"),
+                );
+                return answer(after, Op::Start, Err(untold));
+            }
+            MachineState::Stopped | MachineState::Missing => {
+                machine.info.state = MachineState::Running;
+                state.changed();
+            }
         }
         answer(after, Op::Start, Ok(()))
     }

@@ -232,6 +232,51 @@ async fn the_reconciler_starts_a_stopped_machine_again() {
 }
 
 #[tokio::test]
+async fn a_machine_whose_state_cannot_be_told_is_left_alone_and_keeps_serving() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    host.fake.hide_state(&host.name("demo"));
+    host.reconcile().await.unwrap();
+    assert_eq!(
+        host.fake.calls(Op::Start),
+        0,
+        "never restarted on an untold state"
+    );
+    assert_eq!(host.status("demo").await, (Status::Ready, None));
+    let run = host
+        .environments
+        .exec(&acme(), id("demo"), command(&["true"]))
+        .await
+        .unwrap();
+    assert_eq!(run.outcome().await.unwrap().exit_code, Some(0));
+    host.fake.tell_state(&host.name("demo"));
+    host.reconcile().await.unwrap();
+    assert_eq!(host.fake.calls(Op::Start), 0);
+}
+
+#[tokio::test]
+async fn a_stopped_machine_is_not_restarted_while_its_environment_is_held() {
+    let host = Host::new().await;
+    host.create("demo", None).await;
+    host.fake.stop_machine(&host.name("demo"));
+    let stall = host.fake.stall(Op::Remove);
+    let environments = host.environments.clone();
+    let delete = tokio::spawn(async move { environments.delete(acme(), id("demo")).await });
+    stall.reached().await;
+    host.reconcile().await.unwrap();
+    assert_eq!(
+        host.fake.calls(Op::Start),
+        0,
+        "the delete holds the environment"
+    );
+    stall.release();
+    delete.await.unwrap().unwrap();
+    host.reconcile().await.unwrap();
+    assert_eq!(host.fake.calls(Op::Start), 0);
+    assert!(host.machine("demo").is_none());
+}
+
+#[tokio::test]
 async fn a_runtime_away_degrades_every_recorded_environment_until_it_answers() {
     let host = Host::new().await;
     host.create("demo", None).await;
