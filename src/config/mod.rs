@@ -8,12 +8,15 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub use sections::{
-    Algorithm, Backend, EnvironmentConfig, GitHub, Identity, Image, Listen, RuntimeConfig,
+    Algorithm, Backend, EnvironmentConfig, GitHub, Identity, Image, Listen, Log, LogFormat,
+    RuntimeConfig,
 };
 pub use values::{parse_duration, parse_user, HumanDuration};
 
 /// Where `naryad` looks when neither `--config` nor `NARYA_CONFIG` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/narya/naryad.toml";
+/// The most connections a listener may be configured to serve at once.
+const MAX_CONNECTIONS_LIMIT: usize = 1 << 20;
 /// The default unix socket, also the CLI's default.
 pub const DEFAULT_SOCKET: &str = "/run/narya/narya.sock";
 
@@ -33,6 +36,9 @@ pub enum ConfigError {
 pub struct Config {
     #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
+    /// The longest a stop waits for requests and provisioning in flight before it exits anyway.
+    #[serde(default = "default_shutdown_timeout")]
+    pub shutdown_timeout: HumanDuration,
     #[serde(default)]
     pub listen: Listen,
     pub identity: Identity,
@@ -43,10 +49,16 @@ pub struct Config {
     #[serde(default)]
     pub environment: EnvironmentConfig,
     pub github: Option<GitHub>,
+    #[serde(default)]
+    pub log: Log,
 }
 
 fn default_state_dir() -> PathBuf {
     PathBuf::from("/var/lib/narya")
+}
+
+fn default_shutdown_timeout() -> HumanDuration {
+    HumanDuration(std::time::Duration::from_secs(30))
 }
 
 impl Config {
@@ -105,6 +117,25 @@ impl Config {
         if self.environment.output_limit == 0 {
             return Err("key `environment.output_limit` must be at least 1 byte".to_owned());
         }
+        let listen = &self.listen;
+        if listen.max_connections == 0 {
+            return Err("key `listen.max_connections` must be at least 1".to_owned());
+        }
+        // The semaphore that enforces it has a ceiling; no host needs anywhere near this many.
+        if listen.max_connections > MAX_CONNECTIONS_LIMIT {
+            return Err(format!(
+                "key `listen.max_connections` must be at most {MAX_CONNECTIONS_LIMIT}"
+            ));
+        }
+        // A zero bound would close every connection before its first request.
+        for (key, value) in [
+            ("listen.header_timeout", listen.header_timeout),
+            ("listen.idle_timeout", listen.idle_timeout),
+        ] {
+            if value.0.is_zero() {
+                return Err(format!("key `{key}` must be longer than zero"));
+            }
+        }
         if self.runtime.containerd_namespace.is_empty() {
             return Err("key `runtime.containerd_namespace` must not be empty".to_owned());
         }
@@ -147,6 +178,11 @@ audience = "narya"
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/narya"));
         assert_eq!(c.listen.socket, PathBuf::from("/run/narya/narya.sock"));
         assert_eq!(c.listen.tcp, None);
+        assert_eq!(c.shutdown_timeout.0, Duration::from_secs(30));
+        assert_eq!(c.listen.header_timeout.0, Duration::from_secs(10));
+        assert_eq!(c.listen.idle_timeout.0, Duration::from_secs(120));
+        assert_eq!(c.listen.max_connections, 1024);
+        assert_eq!(c.log.format, LogFormat::Text);
         assert_eq!(c.identity.person_claim, "sub");
         assert_eq!(c.identity.organisation_claim, "org");
         assert_eq!(
@@ -185,6 +221,43 @@ audience = "narya"
         let c = Config::parse(text).unwrap();
         assert_eq!(c.listen.tcp, Some("127.0.0.1:7070".parse().unwrap()));
         assert!(c.github.is_some());
+        let defaults = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.shutdown_timeout, defaults.shutdown_timeout);
+        assert_eq!(c.listen.header_timeout, defaults.listen.header_timeout);
+        assert_eq!(c.listen.idle_timeout, defaults.listen.idle_timeout);
+        assert_eq!(c.listen.max_connections, defaults.listen.max_connections);
+        assert_eq!(c.log.format, defaults.log.format);
+    }
+
+    #[test]
+    fn json_logs_and_transport_limits_are_read() {
+        let text = format!(
+            "shutdown_timeout = \"2s\"\n{MINIMAL}\n[listen]\nheader_timeout = \"3s\"\n\
+             idle_timeout = \"4s\"\nmax_connections = 5\n\n[log]\nformat = \"json\"\n"
+        );
+        let c = Config::parse(&text).unwrap();
+        assert_eq!(c.shutdown_timeout.0, Duration::from_secs(2));
+        assert_eq!(c.listen.header_timeout.0, Duration::from_secs(3));
+        assert_eq!(c.listen.idle_timeout.0, Duration::from_secs(4));
+        assert_eq!(c.listen.max_connections, 5);
+        assert_eq!(c.log.format, LogFormat::Json);
+    }
+
+    #[test]
+    fn transport_limits_that_would_serve_nothing_are_refused() {
+        for (key, value) in [
+            ("max_connections", "0"),
+            ("max_connections", "100000000"),
+            ("header_timeout", "\"0s\""),
+            ("idle_timeout", "\"0s\""),
+        ] {
+            let text = format!("{MINIMAL}\n[listen]\n{key} = {value}\n");
+            let err = Config::parse(&text).unwrap_err();
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let text = format!("{MINIMAL}\n[log]\nformat = \"xml\"\n");
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.contains("xml"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,34 @@ pub struct Listen {
     #[serde(default = "default_socket")]
     pub socket: PathBuf,
     pub tcp: Option<SocketAddr>,
+    /// A request whose headers are not complete by then is dropped: a silent or slow client
+    /// costs one file descriptor for at most this long.
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout: HumanDuration,
+    /// A keep-alive connection with no request in flight for this long is closed.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: HumanDuration,
+    /// Connections served at once on each listener; beyond it, new ones wait in the backlog.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Log {
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+/// How log lines on stderr are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Readable lines; colour only when stderr is a terminal.
+    #[default]
+    Text,
+    /// One JSON object a line, for log collectors.
+    Json,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -118,6 +146,15 @@ pub struct GitHub {
 fn default_socket() -> PathBuf {
     PathBuf::from(DEFAULT_SOCKET)
 }
+fn default_header_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+fn default_idle_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(120))
+}
+fn default_max_connections() -> usize {
+    1024
+}
 fn default_person_claim() -> String {
     "sub".to_owned()
 }
@@ -190,6 +227,9 @@ impl Default for Listen {
         Listen {
             socket: default_socket(),
             tcp: None,
+            header_timeout: default_header_timeout(),
+            idle_timeout: default_idle_timeout(),
+            max_connections: default_max_connections(),
         }
     }
 }
