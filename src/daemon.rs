@@ -1,13 +1,14 @@
 //! The daemon's life: open the store, bind the listeners, serve one router, shut down cleanly.
 
-use std::future::IntoFuture;
+mod transport;
+
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState};
 use crate::auth::{JwksError, Verifier};
@@ -45,6 +46,8 @@ pub enum DaemonError {
     Signals(std::io::Error),
     #[error("serving failed: {0}")]
     Serve(std::io::Error),
+    #[error("a listener stopped serving: {0}")]
+    Listener(#[source] tokio::task::JoinError),
 }
 
 /// Binds the unix socket at `path`: the parent directory is created, a stale socket left by a
@@ -143,25 +146,18 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         None => None,
     };
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
+    let limits = transport::Limits {
+        header_timeout: config.listen.header_timeout.0,
+        idle_timeout: config.listen.idle_timeout.0,
+        max_connections: config.listen.max_connections,
     };
-
+    let stop = CancellationToken::new();
     let mut servers = tokio::task::JoinSet::new();
     tracing::info!(socket = %config.listen.socket.display(), "listening on the unix socket");
-    servers.spawn(
-        axum::serve(unix, router.clone())
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
+    servers.spawn(transport::serve(unix, router.clone(), limits, stop.clone()));
     if let Some(tcp) = tcp {
         tracing::info!(addr = %tcp.local_addr().map_err(DaemonError::Serve)?, "listening on TCP");
-        servers.spawn(
-            axum::serve(tcp, router)
-                .with_graceful_shutdown(stopped(stop_rx.clone()))
-                .into_future(),
-        );
+        servers.spawn(transport::serve(tcp, router, limits, stop.clone()));
     }
     tracing::info!(backend = ?config.runtime.backend, "naryad ready");
 
@@ -171,20 +167,16 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             let signal = signal?;
             tracing::info!(signal, "shutting down: no new requests, finishing those in flight");
         }
+        // A listener only ends on a stop, so this one failed.
         Some(ended) = servers.join_next() => {
-            result = match ended {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(DaemonError::Serve(e)),
-                Err(e) => Err(DaemonError::Serve(std::io::Error::other(e))),
-            };
+            tracing::error!("a listener stopped serving on its own; shutting down");
+            if let Err(e) = ended {
+                result = Err(DaemonError::Listener(e));
+            }
         }
     }
-    let _ = stop_tx.send(true);
-    while let Some(ended) = servers.join_next().await {
-        if let Ok(Err(e)) = ended {
-            tracing::warn!(error = %e, "a listener ended with an error during shutdown");
-        }
-    }
+    stop.cancel();
+    while servers.join_next().await.is_some() {}
     reconciler.abort();
     tracing::info!("waiting for creates and deletes in flight to record their outcome");
     environments.drain().await;

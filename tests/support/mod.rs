@@ -79,6 +79,24 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `extra` laid over `base`, table by table: a test may add keys to `[listen]` or the top level
+/// that the fixture already writes.
+pub fn merged_toml(base: &str, extra: &str) -> String {
+    fn merge(into: &mut toml::Table, from: toml::Table) {
+        for (key, value) in from {
+            match (into.get_mut(&key), value) {
+                (Some(toml::Value::Table(inner)), toml::Value::Table(value)) => merge(inner, value),
+                (_, value) => {
+                    into.insert(key, value);
+                }
+            }
+        }
+    }
+    let mut config: toml::Table = base.parse().expect("the fixture's TOML parses");
+    merge(&mut config, extra.parse().expect("the test's TOML parses"));
+    toml::to_string(&config).expect("TOML writes")
+}
+
 impl Daemon {
     /// Starts `naryad` with an `[identity]` section (and anything else) given as TOML.
     pub fn start(identity_toml: &str) -> Daemon {
@@ -90,11 +108,12 @@ impl Daemon {
     pub fn start_at(dir: tempfile::TempDir, socket: PathBuf, identity_toml: &str) -> Daemon {
         let tcp = format!("127.0.0.1:{}", free_port());
         let config_path = dir.path().join("naryad.toml");
-        let config = format!(
-            "state_dir = {state:?}\n\n[listen]\nsocket = {socket:?}\ntcp = {tcp:?}\n\n{identity_toml}\n",
+        let base = format!(
+            "state_dir = {state:?}\n\n[listen]\nsocket = {socket:?}\ntcp = {tcp:?}\n",
             state = dir.path().join("state").display().to_string(),
             socket = socket.display().to_string(),
         );
+        let config = merged_toml(&base, identity_toml);
         std::fs::write(&config_path, config).unwrap();
         let log_path = dir.path().join("naryad.log");
         let child = Daemon::spawn(&config_path, &log_path);
