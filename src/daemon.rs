@@ -92,8 +92,9 @@ async fn shutdown_signal() -> Result<&'static str, DaemonError> {
     })
 }
 
-/// Runs the daemon until SIGTERM/SIGINT, then stops accepting, lets in-flight requests finish,
-/// removes its socket and returns.
+/// Runs the daemon until SIGTERM/SIGINT, then stops accepting, lets requests and provisioning
+/// in flight finish for at most `shutdown_timeout` (what is still provisioning then is recorded
+/// as interrupted), removes its socket and returns.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let config = Arc::new(config);
     let store = Store::open(&config.database_path()).await?;
@@ -176,10 +177,26 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
     }
     stop.cancel();
-    while servers.join_next().await.is_some() {}
-    reconciler.abort();
-    tracing::info!("waiting for creates and deletes in flight to record their outcome");
-    environments.drain().await;
+    let finished = tokio::time::timeout(config.shutdown_timeout.0, async {
+        while servers.join_next().await.is_some() {}
+        reconciler.abort();
+        tracing::info!("waiting for creates and deletes in flight to record their outcome");
+        environments.drain().await;
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            shutdown_timeout = ?config.shutdown_timeout,
+            "requests or provisioning still in flight at the shutdown timeout; ending them"
+        );
+        // Dropping the listeners' tasks drops their connections, streams included.
+        servers.shutdown().await;
+        reconciler.abort();
+        // What is still provisioning will not finish: say so now rather than at the next start.
+        if let Err(e) = environments.mark_interrupted().await {
+            tracing::error!(error = %e, "could not record the creates still provisioning as interrupted");
+        }
+    }
     if let Err(e) = std::fs::remove_file(&config.listen.socket) {
         tracing::warn!(error = %e, "could not remove the socket file");
     }

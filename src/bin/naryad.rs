@@ -110,7 +110,11 @@ fn serve(config_path: PathBuf) -> ExitCode {
         Ok(started) => started,
         Err(code) => return code,
     };
-    match runtime.block_on(narya::daemon::run(config)) {
+    let result = runtime.block_on(narya::daemon::run(config));
+    // Past the shutdown timeout, a create may still be in a blocking step; it must not hold
+    // the exit, and what it was doing is already recorded as interrupted.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "naryad stopped on an error");

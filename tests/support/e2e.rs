@@ -157,8 +157,9 @@ impl Host {
                 format!("[runtime]\nbackend = \"docker\"\ndocker_socket = {daemon_socket:?}\n")
             }
         };
+        // `extra` first, so that its top-level keys stay top-level.
         let config = format!(
-            "{identity}\n{runtime_section}\n[image]\nreference = {reference:?}\n\n{extra}\n",
+            "{extra}\n{identity}\n{runtime_section}\n[image]\nreference = {reference:?}\n",
             identity = idp.identity_toml(""),
         );
         let daemon = tokio::task::spawn_blocking(move || Daemon::start(&config))
