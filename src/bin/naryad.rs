@@ -1,10 +1,11 @@
 //! `naryad`: the Narya host daemon, and the offline tools that go with it (`pack-image`).
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use narya::config::{Config, DEFAULT_CONFIG_PATH};
+use narya::config::{Config, LogFormat, DEFAULT_CONFIG_PATH};
 use narya_oci::layout::{self, PackOptions};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -67,28 +68,37 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logging to stderr (`RUST_LOG` filters, `default` otherwise), the configuration, and an async
-/// runtime: what serving and the conformance run both start with. Errors are printed here.
+/// The configuration, logging to stderr (`RUST_LOG` filters, `default` otherwise) in its
+/// `[log] format`, and an async runtime: what serving and the conformance run both start with.
+/// Errors are printed here.
 fn start(config_path: &Path, default: &str) -> Result<(Config, tokio::runtime::Runtime), ExitCode> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
-                // bollard logs request bodies at debug level, and a throwaway's body carries
-                // its secret environment: never below info, whatever RUST_LOG says.
-                .add_directive(BOLLARD_QUIET.parse().unwrap_or_default()),
-        )
-        .init();
     let config = Config::load(config_path).map_err(|e| {
         eprintln!("naryad: {e}");
         ExitCode::from(2)
     })?;
+    start_logging(config.log.format, default);
     let runtime = tokio::runtime::Runtime::new().map_err(|e| {
         eprintln!("naryad: cannot start the async runtime: {e}");
         ExitCode::FAILURE
     })?;
     Ok((config, runtime))
+}
+
+/// Logs to stderr: readable lines, coloured only on a terminal (colour codes garble files and
+/// journals), or one JSON object a line for collectors.
+fn start_logging(format: LogFormat, default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+        // bollard logs request bodies at debug level, and a throwaway's body carries its
+        // secret environment: never below info, whatever RUST_LOG says.
+        .add_directive(BOLLARD_QUIET.parse().unwrap_or_default());
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
 }
 
 fn conformance(config_path: PathBuf) -> ExitCode {
