@@ -28,6 +28,13 @@ pub enum DaemonError {
     GitHub(#[from] GitHubError),
     #[error("cannot set up the container runtime back end: {0}")]
     Runtime(#[from] narya_runtimes::RuntimeError),
+    #[error("cannot make the state directory {path} private (0700): {source}")]
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the state directory {0} is a shared directory (its sticky bit is set); set state_dir to a directory of naryad's own")]
+    SharedStateDir(PathBuf),
     #[error("another naryad is serving {0}; stop it first, or set listen.socket to another path")]
     SocketInUse(PathBuf),
     #[error("{0} exists and is not a socket; move it away or set listen.socket to another path")]
@@ -81,6 +88,35 @@ pub fn bind_unix_socket(path: &Path) -> Result<UnixListener, DaemonError> {
     Ok(listener)
 }
 
+/// Creates the state directory private to the daemon's user (0700), or makes an existing one
+/// so: it holds the database and every environment's workspace.
+pub fn private_state_dir(dir: &Path) -> Result<(), DaemonError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let state_dir_error = |source| DaemonError::StateDir {
+        path: dir.to_owned(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(state_dir_error)?;
+    let mode = std::fs::metadata(dir)
+        .map_err(state_dir_error)?
+        .permissions()
+        .mode();
+    // Making a directory such as /tmp private would break everyone else who uses it.
+    if mode & 0o1000 != 0 {
+        return Err(DaemonError::SharedStateDir(dir.to_owned()));
+    }
+    if mode & 0o777 != 0o700 {
+        tracing::info!(state_dir = %dir.display(), was = format!("{:o}", mode & 0o777), "making the state directory private (0700)");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(state_dir_error)?;
+    }
+    Ok(())
+}
+
 /// Resolves when SIGTERM or SIGINT arrives.
 async fn shutdown_signal() -> Result<&'static str, DaemonError> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -97,6 +133,7 @@ async fn shutdown_signal() -> Result<&'static str, DaemonError> {
 /// as interrupted), removes its socket and returns.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let config = Arc::new(config);
+    private_state_dir(&config.state_dir)?;
     let store = Store::open(&config.database_path()).await?;
     let verifier = Arc::new(Verifier::new(&config.identity)?);
     verifier.preload().await;

@@ -168,6 +168,8 @@ impl Environments {
                 std::fs::remove_dir_all(&dir)?;
             }
             std::fs::create_dir_all(&dir)?;
+            // Only the environment's user (and root) may read what its sessions leave there.
+            std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
             let user = self.config.environment.user;
             std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid))
         };

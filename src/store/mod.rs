@@ -2,6 +2,7 @@
 //! migrations embedded. Every query that reads or changes an environment is scoped by
 //! organisation; the one exception, [`Store::holder`], answers only "who holds this id".
 
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
@@ -176,6 +177,32 @@ impl Store {
                 source,
             })?;
         }
+        // The database holds every environment's setup output: it is the daemon's alone.
+        // SQLite gives the -wal and -shm files it creates the database file's mode, so the file
+        // is created 0600 before SQLite opens it; files an older daemon left are tightened.
+        let private = |file: &Path| -> std::io::Result<()> {
+            match std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                done => done,
+            }
+        };
+        let made_private = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .and_then(|_| {
+                ["", "-wal", "-shm"].iter().try_for_each(|suffix| {
+                    let mut file = path.as_os_str().to_owned();
+                    file.push(suffix);
+                    private(Path::new(&file))
+                })
+            });
+        made_private.map_err(|e| StoreError::Open {
+            path: path.display().to_string(),
+            source: sqlx::Error::Io(e),
+        })?;
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
