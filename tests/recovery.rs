@@ -429,7 +429,7 @@ async fn environments_keep_their_digest_when_the_tag_moves_and_everything_restar
     let mut host = Host::start_with(
         &socket,
         &reference,
-        &format!("insecure_registries = [{registry:?}]"),
+        &format!("[image]\ninsecure_registries = [{registry:?}]"),
         &socket,
         &layout,
     )

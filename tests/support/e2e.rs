@@ -158,9 +158,14 @@ impl Host {
             }
         };
         // `extra` first, so that its top-level keys stay top-level.
-        let config = format!(
-            "{extra}\n{identity}\n{runtime_section}\n[image]\nreference = {reference:?}\n",
-            identity = idp.identity_toml(""),
+        // The test's TOML is laid over the fixture's, table by table, so it may add keys to
+        // `[image]` or the top level as well as sections of its own.
+        let config = super::merged_toml(
+            &format!(
+                "{identity}\n{runtime_section}\n[image]\nreference = {reference:?}\n",
+                identity = idp.identity_toml(""),
+            ),
+            extra,
         );
         let daemon = tokio::task::spawn_blocking(move || Daemon::start(&config))
             .await
