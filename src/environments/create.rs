@@ -300,8 +300,13 @@ impl Environments {
             request.repository.clone(),
             &events,
         );
-        if let Some(announce) = announce {
-            let _ = announce.send(from_the_start);
+        match announce {
+            Some(announce) => {
+                let _ = announce.send(from_the_start);
+            }
+            // Nobody streams this create: holding its first receiver would keep a backlog of
+            // every event (the whole setup output, up to the channel's capacity) until it ends.
+            None => drop(from_the_start),
         }
         match self.make(&mut row, request, clone, pinned, &events).await {
             Ok(()) => {
