@@ -16,6 +16,10 @@ use crate::daemon::Daemon;
 use crate::raw::Raw;
 use crate::stats::Samples;
 
+mod exec_load;
+
+pub use exec_load::{ExecLoad, ExecLoadResult, LoadSide};
+
 /// How much of everything to do.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -25,6 +29,9 @@ pub struct Plan {
     pub repeat_samples: usize,
     pub concurrency: usize,
     pub rounds: usize,
+    /// The concurrent exec loads, each run `exec_rounds` times a side.
+    pub exec_loads: Vec<ExecLoad>,
+    pub exec_rounds: usize,
     /// Environments recorded for the memory and list figures.
     pub loaded: usize,
     pub list_samples: usize,
@@ -75,6 +82,7 @@ pub struct Report {
     pub repeat: Samples,
     pub exec: Pair,
     pub concurrent: Concurrent,
+    pub exec_loads: Vec<ExecLoadResult>,
     pub memory: Memory,
     pub list: Samples,
 }
@@ -289,6 +297,17 @@ impl Bench {
         );
         let concurrent = self.concurrent(&image).await?;
 
+        let mut exec_loads = Vec::new();
+        for load in plan.exec_loads.iter().copied() {
+            eprintln!(
+                "  {}, alternating ({} round{})",
+                load.describe(),
+                plan.exec_rounds,
+                if plan.exec_rounds == 1 { "" } else { "s" }
+            );
+            exec_loads.push(self.exec_load(&image, load, plan.exec_rounds).await?);
+        }
+
         eprintln!("  {} environments recorded: memory and list", plan.loaded);
         let loaded: Vec<String> = (0..plan.loaded).map(|_| self.fresh_id("l")).collect();
         for chunk in loaded.chunks(HELPERS) {
@@ -336,6 +355,7 @@ impl Bench {
             repeat,
             exec,
             concurrent,
+            exec_loads,
             memory: Memory {
                 idle_kib,
                 loaded_kib,

@@ -29,7 +29,7 @@ use clap::Parser;
 use narya::devkeys::DevKey;
 use serde_json::json;
 
-use crate::bench::{Bench, Plan};
+use crate::bench::{Bench, ExecLoad, Plan};
 use crate::daemon::{Daemon, Setup};
 use crate::raw::{Backend, Raw};
 use crate::report::Outcome;
@@ -46,7 +46,8 @@ struct Args {
     /// Samples a side for each comparison (default 20; 3 with --short).
     #[arg(long, value_name = "N")]
     samples: Option<usize>,
-    /// Few samples, 20 environments instead of 200, one concurrent round: proves it works.
+    /// Few samples, 20 environments instead of 200, one concurrent round, one load of 16
+    /// concurrent execs instead of three larger ones: proves it works.
     #[arg(long)]
     short: bool,
     /// Where the report goes.
@@ -94,6 +95,12 @@ fn plan(args: &Args) -> Plan {
             repeat_samples: 20,
             concurrency: 64,
             rounds: 1,
+            // More execs than the daemon lets into one machine at once, so its queue is used.
+            exec_loads: vec![ExecLoad {
+                execs: 16,
+                environments: 1,
+            }],
+            exec_rounds: 1,
             loaded: 20,
             list_samples: samples,
         }
@@ -104,6 +111,21 @@ fn plan(args: &Args) -> Plan {
             repeat_samples: (samples * 10).max(200),
             concurrency: 64,
             rounds: 3,
+            exec_loads: vec![
+                ExecLoad {
+                    execs: 64,
+                    environments: 1,
+                },
+                ExecLoad {
+                    execs: 256,
+                    environments: 1,
+                },
+                ExecLoad {
+                    execs: 256,
+                    environments: 16,
+                },
+            ],
+            exec_rounds: 3,
             loaded: report::TARGET_LOAD,
             list_samples: samples.max(50),
         }
@@ -322,7 +344,13 @@ async fn run(args: Args) -> Result<bool> {
     eprintln!("narya-bench: wrote {}", args.out.display());
 
     let errors = outcomes.iter().any(|o| match &o.result {
-        Ok(r) => r.concurrent.ours_errors > 0 || r.concurrent.raw_errors > 0,
+        Ok(r) => {
+            r.concurrent.ours_errors > 0
+                || r.concurrent.raw_errors > 0
+                || r.exec_loads
+                    .iter()
+                    .any(|l| l.ours.errors > 0 || l.raw.errors > 0)
+        }
         Err(_) => true,
     });
     if errors {

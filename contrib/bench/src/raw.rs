@@ -29,6 +29,11 @@ impl Backend {
     }
 }
 
+/// The label the daemon puts on each machine, valued with its environment's identifier
+/// (`narya_runtimes::LABEL_ENVIRONMENT`, spelled out so the benchmark stays a client of the
+/// daemon and Cargo.lock unchanged).
+const LABEL_ENVIRONMENT: &str = "dev.narya.environment";
+
 /// The containerd namespace the benchmark's daemon and raw runs share.
 pub const NAMESPACE: &str = "narya-bench";
 
@@ -155,11 +160,43 @@ impl Raw {
 
     /// Runs `true` in machine `id`.
     pub async fn exec(&self, id: &str, exec_id: &str) -> Result<()> {
-        let args = match self.backend {
-            Backend::Containerd => vec!["task", "exec", "--exec-id", exec_id, id, "true"],
-            Backend::Docker => vec!["exec", id, "true"],
+        self.exec_output(id, exec_id, &["true"]).await.map(|_| ())
+    }
+
+    /// Runs `argv` in machine `id`; its stdout. `exec_id` names the process to containerd, which
+    /// refuses two live processes of one name in a task.
+    pub async fn exec_output(&self, id: &str, exec_id: &str, argv: &[&str]) -> Result<String> {
+        let mut args = match self.backend {
+            Backend::Containerd => vec!["task", "exec", "--exec-id", exec_id, id],
+            Backend::Docker => vec!["exec", id],
         };
-        self.run(&args).await.map(|_| ())
+        args.extend(argv);
+        self.run(&args).await
+    }
+
+    /// The runtime's name of the one machine labelled as environment `environment`'s: the
+    /// daemon names machines itself, and the label is what it promises to set.
+    pub async fn machine_of(&self, environment: &str) -> Result<String> {
+        let out = match self.backend {
+            Backend::Containerd => {
+                let filter = format!("labels.\"{LABEL_ENVIRONMENT}\"=={environment}");
+                self.run(&["containers", "ls", "-q", &filter]).await?
+            }
+            Backend::Docker => {
+                let filter = format!("label={LABEL_ENVIRONMENT}={environment}");
+                self.run(&["ps", "-a", "--filter", &filter, "--format", "{{.Names}}"])
+                    .await?
+            }
+        };
+        let names: Vec<&str> = out.split_whitespace().collect();
+        match names.as_slice() {
+            [name] => Ok((*name).to_owned()),
+            _ => bail!(
+                "{} holds {} machines labelled {LABEL_ENVIRONMENT}={environment}, not one: {names:?}",
+                self.backend.name(),
+                names.len()
+            ),
+        }
     }
 
     /// How many machines whose name starts with `prefix` are running.

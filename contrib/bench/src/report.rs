@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::bench::{Plan, Report};
+use crate::bench::{ExecLoad, LoadSide, Plan, Report};
 use crate::raw::Backend;
 use crate::stats::{ms, spread};
 
@@ -33,6 +33,7 @@ pub const CREATE_RATIO: f64 = 1.10;
 pub const REPEAT_MS: f64 = 2.0;
 pub const CONCURRENT_RATIO: f64 = 1.2;
 pub const EXEC_RATIO: f64 = 1.2;
+pub const EXEC_LOAD_RATIO: f64 = 1.5;
 pub const IDLE_MIB: f64 = 40.0;
 pub const LOADED_MIB: f64 = 80.0;
 pub const LIST_MS: f64 = 10.0;
@@ -66,7 +67,7 @@ fn cell(text: &str) -> String {
 
 /// One target's verdict on one back end.
 struct Verdict {
-    target: &'static str,
+    target: String,
     backend: Backend,
     holds: bool,
     detail: String,
@@ -77,7 +78,7 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
     for outcome in outcomes {
         let backend = outcome.backend;
         let Ok(r) = &outcome.result else {
-            for target in TARGETS {
+            for target in targets(plan) {
                 all.push(Verdict {
                     target,
                     backend,
@@ -87,9 +88,9 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
             }
             continue;
         };
-        let mut add = |target: &'static str, holds: bool, detail: String| {
+        let mut add = |target: &str, holds: bool, detail: String| {
             all.push(Verdict {
-                target,
+                target: target.to_owned(),
                 backend,
                 holds,
                 detail,
@@ -126,6 +127,20 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
             ratio <= EXEC_RATIO,
             format!("{ratio:.2}×{}", over(ratio, EXEC_RATIO)),
         );
+        for l in &r.exec_loads {
+            let ratio = l.ratio();
+            add(
+                &exec_load_target(l.load),
+                ratio <= EXEC_LOAD_RATIO && l.ours.errors == 0 && l.ours.restarted == 0,
+                format!(
+                    "{ratio:.2}×{}, {} errors, {} of {} inits restarted",
+                    over(ratio, EXEC_LOAD_RATIO),
+                    l.ours.errors,
+                    l.ours.restarted,
+                    l.load.environments
+                ),
+            );
+        }
         let idle = mib(r.memory.idle_kib);
         add(
             TARGETS[4],
@@ -168,15 +183,32 @@ const TARGETS: [&str; 7] = [
     "list of 200 ≤ 10 ms",
 ];
 
+/// The target of one concurrent exec load.
+fn exec_load_target(load: ExecLoad) -> String {
+    format!(
+        "{} ≤ {EXEC_LOAD_RATIO}× raw, 0 errors, init never restarted",
+        load.describe()
+    )
+}
+
+/// Every target the plan measures, in the order of the table.
+fn targets(plan: &Plan) -> Vec<String> {
+    let mut all: Vec<String> = TARGETS[..4].iter().map(|t| (*t).to_owned()).collect();
+    all.extend(plan.exec_loads.iter().copied().map(exec_load_target));
+    all.extend(TARGETS[4..].iter().map(|t| (*t).to_owned()));
+    all
+}
+
 /// The results table (Markdown, readable as plain text too).
 pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
     let verdicts = verdicts(plan, outcomes);
-    let verdict = |backend: Backend, i: usize| -> &'static str {
+    let verdict_of = |backend: Backend, target: &str| -> &'static str {
         verdicts
             .iter()
-            .find(|v| v.backend == backend && v.target == TARGETS[i])
+            .find(|v| v.backend == backend && v.target == target)
             .map_or("?", |v| yes(v.holds))
     };
+    let verdict = |backend: Backend, i: usize| verdict_of(backend, TARGETS[i]);
     let mut t = String::new();
     t.push_str("| back end | measure | narya: median (min–max) | raw runtime: median (min–max) | ratio | target | holds |\n");
     t.push_str("| --- | --- | --- | --- | --- | --- | --- |\n");
@@ -236,6 +268,28 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
             r.exec.ratio(),
             verdict(b, 3)
         );
+        for l in &r.exec_loads {
+            let rounds = l.ours.wall.len();
+            let side = |s: &LoadSide| {
+                format!(
+                    "{}; errors {}; inits restarted {} of {}",
+                    spread(&s.wall),
+                    s.errors,
+                    s.restarted,
+                    l.load.environments
+                )
+            };
+            let _ = writeln!(
+                t,
+                "| {name} | {} `true`, wall ({rounds} round{}) | {} | {} | {:.2}× | ≤ {EXEC_LOAD_RATIO}×, 0 errors, 0 restarted | {} |",
+                l.load.describe(),
+                if rounds == 1 { "" } else { "s" },
+                side(&l.ours),
+                side(&l.raw),
+                l.ratio(),
+                verdict_of(b, &exec_load_target(l.load))
+            );
+        }
         let _ = writeln!(
             t,
             "| {name} | daemon RSS, idle after warm-up | {:.1} MiB | — | — | ≤ {IDLE_MIB} MB | {} |",
@@ -267,7 +321,7 @@ pub fn summary(plan: &Plan, outcomes: &[Outcome]) -> (String, usize, usize) {
     let verdicts = verdicts(plan, outcomes);
     let mut s = String::new();
     let (mut held, mut total) = (0, 0);
-    for target in TARGETS {
+    for target in targets(plan) {
         let these: Vec<&Verdict> = verdicts.iter().filter(|v| v.target == target).collect();
         if these.is_empty() {
             continue;
@@ -336,15 +390,20 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
         "- naryad: `{}`, **{}** profile; narya-bench: {} profile",
         context.naryad, context.naryad_profile, context.bench_profile
     );
+    let loads: Vec<String> = plan.exec_loads.iter().map(|l| l.describe()).collect();
     let _ = writeln!(
         d,
         "- samples: {} a side for create and exec, {} repeats, {} round{} of {} concurrent creates, \
+         {} round{} a side of each concurrent exec load ({}), \
          {} environments recorded for memory and list ({} list samples)\n",
         plan.samples,
         plan.repeat_samples,
         plan.rounds,
         if plan.rounds == 1 { "" } else { "s" },
         plan.concurrency,
+        plan.exec_rounds,
+        if plan.exec_rounds == 1 { "" } else { "s" },
+        loads.join("; "),
         plan.loaded,
         plan.list_samples
     );
@@ -384,6 +443,16 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          - **exec**: `POST /v1/environments/{id}/exec {\"argv\": [\"true\"]}` (`200`, exit code \
          0) vs `ctr task exec --exec-id UNIQUE ID true` resp. `docker exec ID true` in a raw \
          machine.\n\
+         - **concurrent execs**: environments made through the daemon and as many raw machines, \
+         one untimed exec in each; then all execs of `true` started at once, spread round-robin \
+         over the environments, the daemon's side (`POST …/exec`, each must answer `200` with \
+         exit code 0) and the raw side (`ctr task exec --exec-id UNIQUE MACHINE true` resp. \
+         `docker exec MACHINE true`) alternating round by round; wall time until the last \
+         answers. **Inits restarted**: pid 1's start time (field 22 of `/proc/1/stat`, read \
+         with the raw client's exec of `cat`) before the first round and after the last; a \
+         machine whose init started anew, or that is gone, counts. The daemon's machine is found \
+         by its `dev.narya.environment` label. The raw side starts every exec at once; on \
+         containerd the daemon lets a few into one machine at a time and queues the rest.\n\
          - **memory**: VmRSS of the daemon from `/proc/PID/status` one second after warm-up \
          (idle), and one second after the environments were created (peak = VmHWM over the whole run, the \
          concurrent creates included); MB in \
@@ -406,13 +475,18 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
     let failures: Vec<String> = outcomes
         .iter()
         .filter_map(|o| match &o.result {
-            Ok(r) if !r.concurrent.failures.is_empty() => Some(format!(
-                "- {}: {}",
-                o.backend.name(),
-                r.concurrent.failures.join("; ")
-            )),
+            Ok(r) => {
+                let mut all = r.concurrent.failures.clone();
+                for l in &r.exec_loads {
+                    all.extend(
+                        l.failures
+                            .iter()
+                            .map(|f| format!("{}: {f}", l.load.describe())),
+                    );
+                }
+                (!all.is_empty()).then(|| format!("- {}: {}", o.backend.name(), all.join("; ")))
+            }
             Err(e) => Some(format!("- {}: {}", o.backend.name(), e)),
-            _ => None,
         })
         .collect();
     if !failures.is_empty() {
