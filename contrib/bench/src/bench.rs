@@ -85,6 +85,8 @@ pub struct Report {
     pub exec_loads: Vec<ExecLoadResult>,
     pub memory: Memory,
     pub list: Samples,
+    /// Rows the list answered: the live environments and the deleted ones it still shows.
+    pub list_rows: usize,
 }
 
 pub struct Bench {
@@ -324,6 +326,7 @@ impl Bench {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (loaded_kib, peak_kib) = daemon.memory_kib()?;
         let mut list = Samples::default();
+        let mut list_rows = 0;
         for i in 0..=plan.list_samples {
             let (took, answer) = timed(async {
                 Ok(self
@@ -333,7 +336,13 @@ impl Bench {
             })
             .await?;
             let listed: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
-            let count = listed["environments"].as_array().map_or(0, Vec::len);
+            let rows = listed["environments"]
+                .as_array()
+                .map_or(&[][..], Vec::as_slice);
+            // Deleted environments stay listed as `gone` for a retention (a day by default),
+            // and the run deleted many before this: they are listed, not counted.
+            let count = rows.iter().filter(|e| e["status"] != "gone").count();
+            list_rows = rows.len();
             if answer.status != StatusCode::OK || count != plan.loaded {
                 bail!(
                     "a list of {} environments answered {} with {count}",
@@ -362,6 +371,7 @@ impl Bench {
                 peak_kib,
             },
             list,
+            list_rows,
         })
     }
 
@@ -408,7 +418,9 @@ impl Bench {
                     }
                 }
             }
-            result.ours_machines.push(self.raw.running(&group).await?);
+            result
+                .ours_machines
+                .push(self.raw.running_for_environments(&group).await?);
             if let Err(e) = self.delete_ours_all(made).await {
                 result.ours_errors += 1;
                 note(&mut result.failures, e);

@@ -1,6 +1,7 @@
 //! The raw runtime, driven through its own command-line client (`ctr`, `docker`): the floor the
 //! daemon is measured against.
 
+use std::collections::BTreeSet;
 use std::process::Stdio;
 
 use anyhow::{bail, Context, Result};
@@ -202,23 +203,56 @@ impl Raw {
     /// How many machines whose name starts with `prefix` are running.
     pub async fn running(&self, prefix: &str) -> Result<usize> {
         match self.backend {
-            Backend::Containerd => {
-                let out = self.run(&["task", "ls"]).await?;
-                Ok(out
-                    .lines()
-                    .skip(1)
-                    .filter(|line| {
-                        let columns: Vec<&str> = line.split_whitespace().collect();
-                        columns.first().is_some_and(|id| id.starts_with(prefix))
-                            && columns.get(2) == Some(&"RUNNING")
-                    })
-                    .count())
-            }
+            Backend::Containerd => Ok(self
+                .running_tasks()
+                .await?
+                .iter()
+                .filter(|id| id.starts_with(prefix))
+                .count()),
             Backend::Docker => {
                 let out = self.run(&["ps", "--format", "{{.Names}}"]).await?;
                 Ok(out.lines().filter(|n| n.starts_with(prefix)).count())
             }
         }
+    }
+
+    /// How many of the daemon's machines are running for environments whose identifier starts
+    /// with `prefix`: the daemon names its machines itself, so they are found by label.
+    pub async fn running_for_environments(&self, prefix: &str) -> Result<usize> {
+        match self.backend {
+            Backend::Containerd => {
+                let filter = format!("labels.\"{LABEL_ENVIRONMENT}\"~=\"^{prefix}\"");
+                let machines = self.run(&["containers", "ls", "-q", &filter]).await?;
+                let running = self.running_tasks().await?;
+                Ok(machines
+                    .split_whitespace()
+                    .filter(|m| running.contains(*m))
+                    .count())
+            }
+            Backend::Docker => {
+                let filter = format!("label={LABEL_ENVIRONMENT}");
+                let format = format!("{{{{.Label \"{LABEL_ENVIRONMENT}\"}}}}");
+                let out = self
+                    .run(&["ps", "--filter", &filter, "--format", &format])
+                    .await?;
+                Ok(out.lines().filter(|e| e.starts_with(prefix)).count())
+            }
+        }
+    }
+
+    /// The names of containerd's running tasks.
+    async fn running_tasks(&self) -> Result<BTreeSet<String>> {
+        let out = self.run(&["task", "ls"]).await?;
+        Ok(out
+            .lines()
+            .skip(1)
+            .filter_map(
+                |line| match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+                    [id, _pid, "RUNNING", ..] => Some((*id).to_owned()),
+                    _ => None,
+                },
+            )
+            .collect())
     }
 
     /// The local name of the image the daemon pinned to `digest` (`sha256:…`).

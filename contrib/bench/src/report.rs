@@ -306,8 +306,9 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
         );
         let _ = writeln!(
             t,
-            "| {name} | list of {} environments ({}) | {} | — | — | ≤ {LIST_MS} ms at {TARGET_LOAD} | {} |",
+            "| {name} | list of {} environments, {} rows with the deleted ({}) | {} | — | — | ≤ {LIST_MS} ms at {TARGET_LOAD} | {} |",
             plan.loaded,
+            r.list_rows,
             r.list.len(),
             spread(&r.list),
             verdict(b, 6)
@@ -458,7 +459,9 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          concurrent creates included); MB in \
          the targets are MiB here.\n\
          - **list**: `GET /v1/environments` answering all recorded environments, after one \
-         untimed list.\n\n",
+         untimed list. The environments the run deleted before are listed too (`gone`, kept for \
+         `environment.gone_retention`, a day by default), so the list answers more rows than \
+         the environments it counts.\n\n",
     );
     d.push_str("Raw commands:\n\n");
     for outcome in outcomes {
