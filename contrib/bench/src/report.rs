@@ -281,7 +281,7 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
             };
             let _ = writeln!(
                 t,
-                "| {name} | {} `true`, wall ({rounds} round{}) | {} | {} | {:.2}× | ≤ {EXEC_LOAD_RATIO}×, 0 errors, 0 restarted | {} |",
+                "| {name} | {}, wall ({rounds} round{}) | {} | {} | {:.2}× | ≤ {EXEC_LOAD_RATIO}×, 0 errors, 0 restarted | {} |",
                 l.load.describe(),
                 if rounds == 1 { "" } else { "s" },
                 side(&l.ours),

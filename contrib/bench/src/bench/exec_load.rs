@@ -20,13 +20,16 @@ pub struct ExecLoad {
 }
 
 impl ExecLoad {
-    /// The row's name: "64 concurrent execs into one environment".
+    /// The row's name: "64 concurrent execs of `true` into one environment".
     pub fn describe(self) -> String {
         if self.environments == 1 {
-            format!("{} concurrent execs into one environment", self.execs)
+            format!(
+                "{} concurrent execs of `true` into one environment",
+                self.execs
+            )
         } else {
             format!(
-                "{} concurrent execs over {} environments",
+                "{} concurrent execs of `true` over {} environments",
                 self.execs, self.environments
             )
         }
@@ -60,9 +63,13 @@ impl ExecLoadResult {
 /// has a new pid 1, which started later, even though its pid inside is 1 again.
 fn start_time(stat: &str) -> Result<u64> {
     // The command name (field 2) is in parentheses and may hold spaces: count from after it.
-    let (_, rest) = stat
+    let (pid, rest) = stat
         .rsplit_once(')')
         .with_context(|| format!("/proc/1/stat has no command name: {stat:?}"))?;
+    // Pid 1 of the machine's own pid namespace, not the host's: only that one is its init.
+    if pid.split_whitespace().next() != Some("1") {
+        bail!("/proc/1/stat is not pid 1's: {stat:?}");
+    }
     rest.split_whitespace()
         .nth(22 - 3)
         .and_then(|field| field.parse().ok())
@@ -253,5 +260,6 @@ mod tests {
         let odd = "1 (a b) c) S 0 1 1 0 -1 4194560 123 0 0 0 0 0 0 0 20 0 1 0 42 2265088 1";
         assert_eq!(start_time(odd).unwrap(), 42);
         assert!(start_time("1 (tini) S 0").is_err());
+        assert!(start_time("7 (tini) S 0 1 1 0 -1 4194560 123 0 0 0 0 0 0 0 20 0 1 0 42").is_err());
     }
 }
