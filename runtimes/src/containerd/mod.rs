@@ -8,7 +8,8 @@ mod machine;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use narya_oci::Digest;
@@ -50,13 +51,23 @@ pub struct Containerd {
 const EXECS_PER_MACHINE: usize = 8;
 
 /// A name no other call of this process or any other uses, for leases, uploads, scratch
-/// snapshots and execs.
+/// snapshots and execs (and so the FIFOs named after them).
+///
+/// The counter makes names distinct inside the process however many calls race (a clock read
+/// is not: two threads can read the same nanosecond); the pid keeps two daemons on one host
+/// apart; the process's start time keeps a restarted daemon that got its predecessor's pid (pid 1
+/// in a container, every time) from reusing a name the predecessor left behind in containerd.
 fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static STARTED: OnceLock<u128> = OnceLock::new();
+    let started = STARTED.get_or_init(|| {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+    });
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{}-{started:x}-{n}", std::process::id())
 }
 
 impl Containerd {
@@ -135,5 +146,36 @@ impl Runtime for Containerd {
 
     async fn remove(&self, id: &str) -> Result<()> {
         self.remove_machine(id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::unique;
+
+    #[test]
+    fn ten_thousand_names_made_from_many_threads_at_once_are_distinct() {
+        let threads: Vec<_> = (0..16)
+            .map(|_| std::thread::spawn(|| (0..625).map(|_| unique("exec")).collect::<Vec<_>>()))
+            .collect();
+        let mut names = HashSet::new();
+        for thread in threads {
+            for name in thread.join().unwrap() {
+                assert!(names.insert(name.clone()), "{name} was made twice");
+            }
+        }
+        assert_eq!(names.len(), 10_000);
+    }
+
+    #[test]
+    fn names_are_valid_containerd_identifiers() {
+        // containerd refuses exec and lease ids longer than 76 characters or outside [A-Za-z0-9_.-].
+        let name = unique("narya-pull");
+        assert!(name.len() <= 76, "{name}");
+        assert!(name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')));
     }
 }
