@@ -3,6 +3,7 @@
 mod support;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -343,6 +344,74 @@ async fn unknown_kid_refetches_are_merged_and_rate_limited() {
         "unknown kid again",
     );
     assert_eq!(s.idp.jwks_hits(), hits_at_start + 1);
+}
+
+/// Asks with `token` until it is refused, for at most `bound`; returns how long that took.
+async fn until_refused(s: &Setup, token: &str, bound: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let answer = list(&s.daemon.unix(Some(token))).await;
+        if answer.status == StatusCode::UNAUTHORIZED {
+            assert_refused(&answer, "withdrawn key");
+            return started.elapsed();
+        }
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert!(
+            started.elapsed() < bound,
+            "a withdrawn key still verifies after {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_removed_from_the_jwks_stops_verifying_within_jwks_refresh() {
+    let s = setup("jwks_refresh = \"2s\"").await;
+    let withdrawn = sign(&s.rsa, &claims(&s.idp.issuer));
+    let kept = sign(&s.ec, &claims(&s.idp.issuer));
+    for (transport, client) in s.daemon.transports(Some(&withdrawn)) {
+        assert_eq!(list(&client).await.status, StatusCode::OK, "{transport}");
+    }
+    s.idp.withdraw(&s.rsa.dev.kid);
+    until_refused(&s, &withdrawn, Duration::from_secs(10)).await;
+    for (transport, client) in s.daemon.transports(Some(&withdrawn)) {
+        assert_refused(&list(&client).await, &format!("withdrawn over {transport}"));
+    }
+    for (transport, client) in s.daemon.transports(Some(&kept)) {
+        assert_eq!(list(&client).await.status, StatusCode::OK, "{transport}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shorter_cache_control_max_age_brings_the_refresh_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let idp = IdentityProvider::start().await;
+    idp.set_max_age(Some(1));
+    let rsa = make_key(dir.path(), "rsa", "RSA");
+    let ec = make_key(dir.path(), "ec", "P-256");
+    idp.publish(&rsa.dev);
+    idp.publish(&ec.dev);
+    // jwks_refresh stays at its 15-minute default: only max-age can make this pass in time.
+    let identity = idp.identity_toml("");
+    let daemon = tokio::task::spawn_blocking(move || Daemon::start(&identity))
+        .await
+        .unwrap();
+    let outsider = make_key(dir.path(), "outsider", "RSA");
+    let s = Setup {
+        _dir: dir,
+        idp,
+        rsa,
+        ec,
+        outsider,
+        daemon,
+    };
+    let token = sign(&s.rsa, &claims(&s.idp.issuer));
+    assert_eq!(
+        list(&s.daemon.unix(Some(&token))).await.status,
+        StatusCode::OK
+    );
+    s.idp.withdraw(&s.rsa.dev.kid);
+    until_refused(&s, &token, Duration::from_secs(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

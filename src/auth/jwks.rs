@@ -1,4 +1,4 @@
-//! The identity provider's key set: discovered or configured, cached, refetched on unknown keys.
+//! The identity provider's key set: cached, fetched again on a schedule and on unknown keys.
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -19,6 +19,12 @@ const FETCH_LIMIT: usize = 1 << 20;
 const REFETCH_INTERVAL: Duration = Duration::from_secs(30);
 /// ...and this often while none are (the provider was down when the daemon started).
 const REFETCH_INTERVAL_EMPTY: Duration = Duration::from_secs(2);
+/// A failed scheduled refresh is tried again this soon (or sooner, when `jwks_refresh` is
+/// shorter), not on every request while the provider is down.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(30);
+/// The shortest refresh interval a `Cache-Control: max-age` may ask for: `max-age=0` would
+/// otherwise mean one fetch per request.
+const MIN_MAX_AGE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum JwksError {
@@ -80,16 +86,27 @@ enum Source {
 }
 
 struct FetchState {
+    /// The last refetch for an unknown key id, for its rate limit.
     last_refetch: Option<Instant>,
 }
 
-/// Holds the current key set; misses trigger one merged, rate-limited refetch.
+/// A fetched document and how long its answer said it may be cached.
+struct Fetched {
+    document: Value,
+    max_age: Option<Duration>,
+}
+
+/// Holds the current key set; it is fetched again once `refresh` (or the answer's shorter
+/// `max-age`) has passed, and misses trigger one merged, rate-limited refetch.
 pub struct KeyCache {
     source: Source,
     allowed: HashSet<Algorithm>,
     http: reqwest::Client,
     keys: RwLock<Arc<KeySet>>,
     generation: std::sync::atomic::AtomicU64,
+    refresh: Duration,
+    /// When the held set is next fetched again; `None` until the first attempt.
+    refresh_due: std::sync::Mutex<Option<Instant>>,
     fetch: tokio::sync::Mutex<FetchState>,
 }
 
@@ -112,6 +129,8 @@ impl KeyCache {
             http,
             keys: RwLock::new(Arc::new(KeySet::default())),
             generation: std::sync::atomic::AtomicU64::new(0),
+            refresh: identity.jwks_refresh.0,
+            refresh_due: std::sync::Mutex::new(None),
             fetch: tokio::sync::Mutex::new(FetchState { last_refetch: None }),
         })
     }
@@ -133,33 +152,78 @@ impl KeyCache {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// The start-up load. It does not count against the refetch rate limit.
-    pub async fn preload(&self) {
-        let _guard = self.fetch.lock().await;
+    fn refresh_is_due(&self) -> bool {
+        let due = match self.refresh_due.lock() {
+            Ok(guard) => *guard,
+            Err(poisoned) => *poisoned.into_inner(),
+        };
+        due.is_none_or(|at| Instant::now() >= at)
+    }
+
+    fn schedule_refresh(&self, after: Duration) {
+        let at = Some(Instant::now() + after);
+        match self.refresh_due.lock() {
+            Ok(mut guard) => *guard = at,
+            Err(poisoned) => *poisoned.into_inner() = at,
+        }
+    }
+
+    /// Fetches the key set and schedules the next refresh; on failure the old keys stay and
+    /// the fetch is tried again soon. The caller holds `fetch`.
+    async fn reload(&self, why: &'static str) {
         match self.fetch_key_set().await {
-            Ok(set) => {
+            Ok((set, max_age)) => {
                 tracing::info!(
                     keys = set.by_kid.len() + set.without_kid.len(),
-                    "identity provider keys loaded"
+                    why,
+                    "identity provider keys fetched"
                 );
+                let next = max_age
+                    .map(|age| age.max(MIN_MAX_AGE))
+                    .map_or(self.refresh, |age| age.min(self.refresh));
                 self.replace(set);
+                self.schedule_refresh(next);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "identity provider keys not loaded yet; retrying on first request")
+                tracing::warn!(error = %e, why, "fetching identity provider keys failed; keeping the old ones");
+                self.schedule_refresh(RETRY_AFTER_FAILURE.min(self.refresh));
             }
         }
     }
 
-    /// The key for a token's `kid` and `alg`, refetching the set once if it is unknown.
+    /// The start-up load. It does not count against the refetch rate limit.
+    pub async fn preload(&self) {
+        let _guard = self.fetch.lock().await;
+        self.reload("start-up").await;
+    }
+
+    /// The key for a token's `kid` and `alg`: from the held set while it is fresh, else after
+    /// fetching the set again; an unknown key refetches the set once (rate-limited).
     pub async fn key_for(&self, kid: Option<&str>, alg: Algorithm) -> Option<DecodingKey> {
         let seen = self.generation.load(std::sync::atomic::Ordering::SeqCst);
-        if let Some(key) = self.current().find(kid, alg) {
-            return Some(key);
-        }
-        let mut state = self.fetch.lock().await;
+        let held = self.current().find(kid, alg);
+        let mut state = match held {
+            Some(key) if !self.refresh_is_due() => return Some(key),
+            // A refresh is due but someone is already fetching: answering from the held set
+            // meanwhile delays a removal by at most one fetch's time-out, and no request waits.
+            Some(key) => match self.fetch.try_lock() {
+                Ok(state) => state,
+                Err(_) => return Some(key),
+            },
+            None => self.fetch.lock().await,
+        };
         // Someone else fetched while we waited: their result answers us too.
         if self.generation.load(std::sync::atomic::Ordering::SeqCst) != seen {
             return self.current().find(kid, alg);
+        }
+        if self.refresh_is_due() {
+            self.reload("refresh due").await;
+            drop(state);
+            return self.current().find(kid, alg);
+        }
+        // A failed refresh just rescheduled itself; the held set still answers.
+        if let Some(key) = self.current().find(kid, alg) {
+            return Some(key);
         }
         let interval = if self.current().is_empty() {
             REFETCH_INTERVAL_EMPTY
@@ -170,29 +234,22 @@ impl KeyCache {
             return None;
         }
         state.last_refetch = Some(Instant::now());
-        match self.fetch_key_set().await {
-            Ok(set) => {
-                tracing::info!(
-                    keys = set.by_kid.len() + set.without_kid.len(),
-                    "identity provider keys refetched for an unknown key id"
-                );
-                self.replace(set);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "refetching identity provider keys failed; keeping the old ones");
-            }
-        }
+        self.reload("unknown key id").await;
         drop(state);
         self.current().find(kid, alg)
     }
 
-    async fn fetch_key_set(&self) -> Result<KeySet, JwksError> {
+    /// The key set and how long its answer may be cached.
+    async fn fetch_key_set(&self) -> Result<(KeySet, Option<Duration>), JwksError> {
         let uri = match &self.source {
             Source::Uri(uri) => uri.clone(),
             Source::Discovery { issuer } => self.discover(issuer).await?,
         };
-        let document = self.fetch_json(&uri).await?;
-        self.parse_key_set(&uri, &document)
+        let fetched = self.fetch_json(&uri).await?;
+        Ok((
+            self.parse_key_set(&uri, &fetched.document)?,
+            fetched.max_age,
+        ))
     }
 
     async fn discover(&self, issuer: &str) -> Result<String, JwksError> {
@@ -200,7 +257,7 @@ impl KeyCache {
             "{}/.well-known/openid-configuration",
             issuer.trim_end_matches('/')
         );
-        let doc = self.fetch_json(&url).await?;
+        let doc = self.fetch_json(&url).await?.document;
         let found = doc
             .get("issuer")
             .and_then(Value::as_str)
@@ -212,28 +269,29 @@ impl KeyCache {
                 expected: issuer.to_owned(),
             });
         }
-        doc.get("jwks_uri")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| JwksError::Document {
-                url,
-                reason: "no jwks_uri".to_owned(),
-            })
+        let jwks_uri =
+            doc.get("jwks_uri")
+                .and_then(Value::as_str)
+                .ok_or_else(|| JwksError::Document {
+                    url: url.clone(),
+                    reason: "no jwks_uri".to_owned(),
+                })?;
+        Ok(jwks_uri.to_owned())
     }
 
-    async fn fetch_json(&self, url: &str) -> Result<Value, JwksError> {
+    async fn fetch_json(&self, url: &str) -> Result<Fetched, JwksError> {
         let fetch_error = |reason: String| JwksError::Fetch {
             url: url.to_owned(),
             reason,
         };
-        let bytes = if let Some(path) = url.strip_prefix("file://") {
+        let (bytes, max_age) = if let Some(path) = url.strip_prefix("file://") {
             let bytes = tokio::fs::read(path)
                 .await
                 .map_err(|e| fetch_error(e.to_string()))?;
             if bytes.len() > FETCH_LIMIT {
                 return Err(fetch_error(format!("larger than {FETCH_LIMIT} bytes")));
             }
-            bytes
+            (bytes, None)
         } else {
             let mut response = self
                 .http
@@ -244,6 +302,12 @@ impl KeyCache {
             if !response.status().is_success() {
                 return Err(fetch_error(format!("status {}", response.status())));
             }
+            let max_age = response
+                .headers()
+                .get_all(reqwest::header::CACHE_CONTROL)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .find_map(max_age);
             let mut body = Vec::new();
             while let Some(chunk) = response
                 .chunk()
@@ -255,12 +319,13 @@ impl KeyCache {
                     return Err(fetch_error(format!("larger than {FETCH_LIMIT} bytes")));
                 }
             }
-            body
+            (body, max_age)
         };
-        serde_json::from_slice(&bytes).map_err(|e| JwksError::Document {
+        let document = serde_json::from_slice(&bytes).map_err(|e| JwksError::Document {
             url: url.to_owned(),
             reason: e.to_string(),
-        })
+        })?;
+        Ok(Fetched { document, max_age })
     }
 
     fn parse_key_set(&self, url: &str, document: &Value) -> Result<KeySet, JwksError> {
@@ -335,5 +400,35 @@ impl KeyCache {
         }
         let key = DecodingKey::from_jwk(&jwk).map_err(|e| e.to_string())?;
         Ok((jwk.common.key_id.clone(), BoundKey { algorithm, key }))
+    }
+}
+
+/// The `max-age` of one `Cache-Control` header value, if it has one.
+fn max_age(header: &str) -> Option<Duration> {
+    header.split(',').find_map(|directive| {
+        let (name, value) = directive.trim().split_once('=')?;
+        if !name.trim().eq_ignore_ascii_case("max-age") {
+            return None;
+        }
+        let seconds: u64 = value.trim().trim_matches('"').parse().ok()?;
+        Some(Duration::from_secs(seconds))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::max_age;
+
+    #[test]
+    fn max_age_is_read_from_any_directive_position() {
+        assert_eq!(max_age("max-age=60"), Some(Duration::from_secs(60)));
+        assert_eq!(
+            max_age("public, Max-Age=5, must-revalidate"),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(max_age("no-store"), None);
+        assert_eq!(max_age("max-age=soon"), None);
     }
 }

@@ -4,6 +4,7 @@ mod sections;
 mod values;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -97,6 +98,10 @@ impl Config {
                 "keys `identity.person_claim` and `identity.organisation_claim` must not be empty"
                     .to_owned(),
             );
+        }
+        // Zero would refetch the key set on every request.
+        if id.jwks_refresh.0 < Duration::from_secs(1) {
+            return Err("key `identity.jwks_refresh` must be at least \"1s\"".to_owned());
         }
         if let Some(uri) = &id.jwks_uri {
             if !(uri.starts_with("https://")
@@ -287,6 +292,16 @@ audience = "narya"
         let text = format!("{MINIMAL}leeway = \"30\"\n");
         let err = Config::parse(&text).unwrap_err();
         assert!(err.contains("leeway"), "{err}");
+    }
+
+    #[test]
+    fn jwks_refresh_defaults_to_fifteen_minutes() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.identity.jwks_refresh.0, Duration::from_secs(15 * 60));
+        let c = Config::parse(&format!("{MINIMAL}jwks_refresh = \"2s\"\n")).unwrap();
+        assert_eq!(c.identity.jwks_refresh.0, Duration::from_secs(2));
+        let err = Config::parse(&format!("{MINIMAL}jwks_refresh = \"0s\"\n")).unwrap_err();
+        assert!(err.contains("identity.jwks_refresh"), "{err}");
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub struct Identity {
     pub algorithms: Vec<Algorithm>,
     #[serde(default = "default_leeway")]
     pub leeway: HumanDuration,
+    /// The key set is fetched again at least this often, so a key the provider removed stops
+    /// verifying within it.
+    #[serde(default = "default_jwks_refresh")]
+    pub jwks_refresh: HumanDuration,
 }
 
 /// An asymmetric JWS algorithm; symmetric ones and `none` cannot be configured.
@@ -166,6 +170,9 @@ fn default_algorithms() -> Vec<Algorithm> {
 }
 fn default_leeway() -> HumanDuration {
     HumanDuration(Duration::from_secs(30))
+}
+fn default_jwks_refresh() -> HumanDuration {
+    HumanDuration(Duration::from_secs(15 * 60))
 }
 fn default_backend() -> Backend {
     Backend::Containerd

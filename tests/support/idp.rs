@@ -17,6 +17,7 @@ struct Shared {
     keys: Mutex<Vec<Value>>,
     jwks_hits: AtomicUsize,
     failing: AtomicBool,
+    max_age: Mutex<Option<u64>>,
 }
 
 /// The double; it serves until dropped with the test's runtime.
@@ -56,6 +57,20 @@ impl IdentityProvider {
     /// Publishes a raw JWK as given.
     pub fn publish_raw(&self, jwk: Value) {
         self.shared.keys.lock().unwrap().push(jwk);
+    }
+
+    /// Takes the key with id `kid` out of the published set.
+    pub fn withdraw(&self, kid: &str) {
+        self.shared
+            .keys
+            .lock()
+            .unwrap()
+            .retain(|jwk| jwk["kid"].as_str() != Some(kid));
+    }
+
+    /// While set, the key set is answered with `Cache-Control: max-age=SECONDS`.
+    pub fn set_max_age(&self, seconds: Option<u64>) {
+        *self.shared.max_age.lock().unwrap() = seconds;
     }
 
     /// How many times the key set was fetched.
@@ -103,5 +118,12 @@ async fn jwks(State(shared): State<Arc<Shared>>) -> Response {
         return (StatusCode::INTERNAL_SERVER_ERROR, "down").into_response();
     }
     let keys = shared.keys.lock().unwrap().clone();
-    Json(json!({ "keys": keys })).into_response()
+    let mut response = Json(json!({ "keys": keys })).into_response();
+    if let Some(seconds) = *shared.max_age.lock().unwrap() {
+        response.headers_mut().insert(
+            axum::http::header::CACHE_CONTROL,
+            format!("public, max-age={seconds}").parse().unwrap(),
+        );
+    }
+    response
 }
