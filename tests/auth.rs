@@ -152,6 +152,13 @@ async fn every_bad_token_is_refused_and_a_good_one_passes_on_both_listeners() {
     wrong_issuer.insert("iss".into(), json!(format!("{issuer}/other")));
     refused.push(("wrong issuer", Some(sign(&s.rsa, &wrong_issuer))));
 
+    let mut issuer_in_an_array = good.clone();
+    issuer_in_an_array.insert("iss".into(), json!([issuer]));
+    refused.push((
+        "issuer inside an array",
+        Some(sign(&s.rsa, &issuer_in_an_array)),
+    ));
+
     let mut no_issuer = good.clone();
     no_issuer.remove("iss");
     refused.push(("no issuer", Some(sign(&s.rsa, &no_issuer))));

@@ -34,6 +34,12 @@ pub enum JwksError {
     Fetch { url: String, reason: String },
     #[error("{url} is not a usable document: {reason}")]
     Document { url: String, reason: String },
+    #[error("discovery document at {url} names jwks_uri {jwks_uri:?}: {reason}")]
+    DiscoveredUri {
+        url: String,
+        jwks_uri: String,
+        reason: &'static str,
+    },
     #[error("discovery document at {url} names issuer {found:?}, not the configured {expected:?}")]
     IssuerMismatch {
         url: String,
@@ -276,6 +282,11 @@ impl KeyCache {
                     url: url.clone(),
                     reason: "no jwks_uri".to_owned(),
                 })?;
+        check_discovered_uri(jwks_uri).map_err(|reason| JwksError::DiscoveredUri {
+            url,
+            jwks_uri: jwks_uri.to_owned(),
+            reason,
+        })?;
         Ok(jwks_uri.to_owned())
     }
 
@@ -415,11 +426,27 @@ fn max_age(header: &str) -> Option<Duration> {
     })
 }
 
+/// Refuses a key-set URL named by a discovery document that the daemon must not follow: a
+/// `file://` URL would let whoever answers discovery make the daemon read local files, and
+/// plain HTTP off loopback lets the network swap the keys.
+fn check_discovered_uri(uri: &str) -> Result<(), &'static str> {
+    let scheme = uri
+        .split_once(':')
+        .map(|(scheme, _)| scheme.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("https") => Ok(()),
+        Some("http") if !crate::config::is_plain_http_off_loopback(uri) => Ok(()),
+        Some("http") => Err("plain http:// is accepted only on loopback hosts"),
+        Some("file") => Err("a discovered key set is never read from a file"),
+        _ => Err("only https:// (or http:// on loopback) is accepted"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::max_age;
+    use super::{check_discovered_uri, max_age};
 
     #[test]
     fn max_age_is_read_from_any_directive_position() {
@@ -430,5 +457,15 @@ mod tests {
         );
         assert_eq!(max_age("no-store"), None);
         assert_eq!(max_age("max-age=soon"), None);
+    }
+
+    #[test]
+    fn a_discovered_jwks_uri_is_never_a_file() {
+        assert!(check_discovered_uri("file:///etc/passwd").is_err());
+        assert!(check_discovered_uri("FILE:///etc/passwd").is_err());
+        assert!(check_discovered_uri("http://id.example.com/jwks").is_err());
+        assert!(check_discovered_uri("ftp://id.example.com/jwks").is_err());
+        assert!(check_discovered_uri("https://id.example.com/jwks").is_ok());
+        assert!(check_discovered_uri("http://127.0.0.1:8080/jwks").is_ok());
     }
 }

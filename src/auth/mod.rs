@@ -109,6 +109,13 @@ impl Verifier {
         let data = jsonwebtoken::decode::<Map<String, Value>>(token, &key, &validation)
             .map_err(|e| AuthError::Invalid(e.to_string()))?;
         let claims = data.claims;
+        // jsonwebtoken also accepts an array of issuers that merely contains ours; a token has
+        // one issuer, so anything but that exact string is refused.
+        if claims.get("iss") != Some(&Value::String(self.issuer.clone())) {
+            return Err(AuthError::Invalid(
+                "the iss claim is not the configured issuer as a string".to_owned(),
+            ));
+        }
         let claim = |name: &str| match claims.get(name) {
             Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
             _ => Err(AuthError::MissingClaim(name.to_owned())),
@@ -117,5 +124,84 @@ impl Verifier {
             person: claim(&self.person_claim)?,
             organisation: claim(&self.organisation_claim)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use serde_json::json;
+
+    use super::{AuthError, Verifier};
+    use crate::config::Config;
+    use crate::devkeys::DevKey;
+
+    const ISSUER: &str = "https://id.example.com";
+
+    /// A fresh P-256 key and a verifier trusting it through a `file://` key set.
+    async fn verifier(dir: &std::path::Path) -> (DevKey, Verifier) {
+        let pem = dir.join("key.pem");
+        let status = Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .arg("-out")
+            .arg(&pem)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let key = DevKey::from_pem(&std::fs::read(&pem).unwrap()).unwrap();
+        let jwks = dir.join("jwks.json");
+        std::fs::write(&jwks, key.jwks().to_string()).unwrap();
+        let config = Config::parse(&format!(
+            "[identity]\nissuer = {ISSUER:?}\naudience = \"narya\"\njwks_uri = \"file://{}\"\n",
+            jwks.display()
+        ))
+        .unwrap();
+        let verifier = Verifier::new(&config.identity).unwrap();
+        verifier.preload().await;
+        (key, verifier)
+    }
+
+    fn claims(iss: serde_json::Value) -> serde_json::Value {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        json!({"iss": iss, "aud": "narya", "sub": "alice", "org": "acme", "exp": now + 600})
+    }
+
+    #[tokio::test]
+    async fn iss_must_be_the_issuer_as_a_string_not_an_array_holding_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, verifier) = verifier(dir.path()).await;
+        let good = key.sign(&claims(json!(ISSUER))).unwrap();
+        assert!(verifier.verify(&good).await.is_ok());
+        for iss in [
+            json!([ISSUER]),
+            json!([ISSUER, "https://other.example.com"]),
+        ] {
+            let token = key.sign(&claims(iss.clone())).unwrap();
+            assert!(
+                matches!(verifier.verify(&token).await, Err(AuthError::Invalid(_))),
+                "iss {iss} was accepted"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn rfc_9068_access_tokens_are_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, verifier) = verifier(dir.path()).await;
+        let mut header = jsonwebtoken::Header::new(key.algorithm);
+        header.typ = Some("at+jwt".to_owned());
+        header.kid = Some(key.kid.clone());
+        let token = jsonwebtoken::encode(&header, &claims(json!(ISSUER)), &key.key).unwrap();
+        assert!(verifier.verify(&token).await.is_ok());
     }
 }

@@ -12,12 +12,14 @@ pub use sections::{
     Algorithm, Backend, EnvironmentConfig, GitHub, Identity, Image, Listen, Log, LogFormat,
     RuntimeConfig,
 };
-pub use values::{parse_duration, parse_user, HumanDuration};
+pub use values::{is_plain_http_off_loopback, parse_duration, parse_user, HumanDuration};
 
 /// Where `naryad` looks when neither `--config` nor `NARYA_CONFIG` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/narya/naryad.toml";
 /// The most connections a listener may be configured to serve at once.
 const MAX_CONNECTIONS_LIMIT: usize = 1 << 20;
+/// The most clock skew `identity.leeway` may allow: more keeps expired tokens alive too long.
+const MAX_LEEWAY: Duration = Duration::from_secs(5 * 60);
 /// The default unix socket, also the CLI's default.
 pub const DEFAULT_SOCKET: &str = "/run/narya/narya.sock";
 
@@ -99,9 +101,22 @@ impl Config {
                     .to_owned(),
             );
         }
+        if id.leeway.0 > MAX_LEEWAY {
+            return Err(format!(
+                "key `identity.leeway`: {:?} is more than the allowed \"5m\"",
+                id.leeway
+            ));
+        }
         // Zero would refetch the key set on every request.
         if id.jwks_refresh.0 < Duration::from_secs(1) {
             return Err("key `identity.jwks_refresh` must be at least \"1s\"".to_owned());
+        }
+        // Plain HTTP to anything but this host lets the network forge the keys or the issuer.
+        if is_plain_http_off_loopback(&id.issuer) {
+            return Err(format!(
+                "key `identity.issuer`: {:?} uses http:// on a host other than loopback; use https://",
+                id.issuer
+            ));
         }
         if let Some(uri) = &id.jwks_uri {
             if !(uri.starts_with("https://")
@@ -110,6 +125,11 @@ impl Config {
             {
                 return Err(format!(
                     "key `identity.jwks_uri`: {uri:?} must be an http(s):// or file:// URL"
+                ));
+            }
+            if is_plain_http_off_loopback(uri) {
+                return Err(format!(
+                    "key `identity.jwks_uri`: {uri:?} uses http:// on a host other than loopback; use https://"
                 ));
             }
         }
@@ -302,6 +322,52 @@ audience = "narya"
         assert_eq!(c.identity.jwks_refresh.0, Duration::from_secs(2));
         let err = Config::parse(&format!("{MINIMAL}jwks_refresh = \"0s\"\n")).unwrap_err();
         assert!(err.contains("identity.jwks_refresh"), "{err}");
+    }
+
+    #[test]
+    fn leeway_above_five_minutes_is_refused_naming_the_key() {
+        assert!(Config::parse(&format!("{MINIMAL}leeway = \"5m\"\n")).is_ok());
+        let err = Config::parse(&format!("{MINIMAL}leeway = \"5m 1s\"\n")).unwrap_err();
+        assert!(err.contains("identity.leeway"), "{err}");
+    }
+
+    fn identity(issuer: &str, jwks_uri: Option<&str>) -> String {
+        let jwks = jwks_uri
+            .map(|u| format!("jwks_uri = {u:?}\n"))
+            .unwrap_or_default();
+        format!("[identity]\nissuer = {issuer:?}\naudience = \"narya\"\n{jwks}")
+    }
+
+    #[test]
+    fn plain_http_issuers_and_key_sets_are_accepted_only_on_loopback() {
+        for url in [
+            "http://127.0.0.1:8080",
+            "http://127.1.2.3",
+            "http://[::1]:9000/realm",
+            "http://localhost:8080",
+            "http://LOCALHOST",
+        ] {
+            Config::parse(&identity(url, None)).unwrap_or_else(|e| panic!("{url}: {e}"));
+            let jwks = format!("{url}/jwks");
+            Config::parse(&identity("https://id.example.com", Some(&jwks)))
+                .unwrap_or_else(|e| panic!("{jwks}: {e}"));
+        }
+        for url in [
+            "http://id.example.com",
+            "HTTP://id.example.com",
+            "http://10.0.0.1",
+            "http://[fe80::1]",
+            "http://localhost.example.com",
+            "http://127.0.0.1.example.com",
+        ] {
+            let err = Config::parse(&identity(url, None)).unwrap_err();
+            assert!(err.contains("identity.issuer"), "{url}: {err}");
+            let jwks = format!("{url}/jwks");
+            let err = Config::parse(&identity("https://id.example.com", Some(&jwks))).unwrap_err();
+            assert!(err.contains("identity.jwks_uri"), "{jwks}: {err}");
+        }
+        // Issuers that are not http:// at all are compared as given, as before.
+        Config::parse(&identity("narya-dev", Some("file:///etc/narya/jwks.json"))).unwrap();
     }
 
     #[test]

@@ -35,6 +35,29 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
+/// Whether `url` is plain `http://` to a host other than loopback (127.0.0.0/8, ::1,
+/// localhost): over such a link the network could forge keys or the issuer's answers.
+pub fn is_plain_http_off_loopback(url: &str) -> bool {
+    let Ok(parsed) = reqwest::Url::parse(url) else {
+        // Not a URL at all: only an `http://` prefix makes it plain HTTP.
+        return url
+            .get(..7)
+            .is_some_and(|s| s.eq_ignore_ascii_case("http://"));
+    };
+    if parsed.scheme() != "http" {
+        return false;
+    }
+    let Some(host) = parsed.host_str() else {
+        return true;
+    };
+    // An IPv6 host comes back in brackets.
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => !ip.is_loopback(),
+        Err(_) => !host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
 pub(super) fn from_str<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
