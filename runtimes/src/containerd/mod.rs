@@ -2,6 +2,7 @@
 
 mod client;
 mod content;
+mod events;
 mod exec;
 mod image;
 mod machine;
