@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Exits 0 when every measurement ran, whether the targets hold or not; non-zero when anything
-//! failed (a create, a raw command, the daemon).
+//! failed (a create, an exec, a raw command, the daemon). The raw runtime's own errors under the
+//! concurrent exec loads are measured and reported, not failures of the run.
 
 mod bench;
 mod daemon;
@@ -347,9 +348,9 @@ async fn run(args: Args) -> Result<bool> {
         Ok(r) => {
             r.concurrent.ours_errors > 0
                 || r.concurrent.raw_errors > 0
-                || r.exec_loads
-                    .iter()
-                    .any(|l| l.ours.errors > 0 || l.raw.errors > 0)
+                // The raw runtime failing a concurrent exec load is a finding, measured and
+                // reported, not a failure of the run.
+                || r.exec_loads.iter().any(|l| l.ours.errors > 0)
         }
         Err(_) => true,
     });

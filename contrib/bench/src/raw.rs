@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tokio::process::Command;
@@ -35,8 +36,35 @@ impl Backend {
 /// daemon and Cargo.lock unchanged).
 const LABEL_ENVIRONMENT: &str = "dev.narya.environment";
 
+/// How long a raw command may take before it counts as hung: a shim swamped by concurrent
+/// execs can stop answering altogether, and the run must still end.
+pub const COMMAND_LIMIT: Duration = Duration::from_secs(120);
+
+/// How long a forced removal may take before the task's shim counts as wedged.
+const REMOVE_LIMIT: Duration = Duration::from_secs(30);
+
 /// The containerd namespace the benchmark's daemon and raw runs share.
 pub const NAMESPACE: &str = "narya-bench";
+
+/// A raw command killed for taking longer than its limit.
+#[derive(Debug)]
+pub struct Hung {
+    command: String,
+    limit: Duration,
+}
+
+impl std::fmt::Display for Hung {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` did not finish within {} s",
+            self.command,
+            self.limit.as_secs()
+        )
+    }
+}
+
+impl std::error::Error for Hung {}
 
 pub struct Raw {
     pub backend: Backend,
@@ -71,14 +99,25 @@ impl Raw {
 
     /// Runs the client with `args`; its stdout, or an error naming the command and its stderr.
     async fn run(&self, args: &[&str]) -> Result<String> {
-        let output = Command::new(self.program)
+        self.run_within(args, COMMAND_LIMIT).await
+    }
+
+    /// `run`, the client killed if it has not finished within `limit`.
+    async fn run_within(&self, args: &[&str], limit: Duration) -> Result<String> {
+        let running = Command::new(self.program)
             .args(&self.base)
             .args(args)
             .stdin(Stdio::null())
             .kill_on_drop(true)
-            .output()
-            .await
-            .with_context(|| format!("cannot run {}", self.program))?;
+            .output();
+        let Ok(output) = tokio::time::timeout(limit, running).await else {
+            return Err(Hung {
+                command: format!("{} {}", self.program, args.join(" ")),
+                limit,
+            }
+            .into());
+        };
+        let output = output.with_context(|| format!("cannot run {}", self.program))?;
         if !output.status.success() {
             bail!(
                 "`{} {}` failed ({}): {}",
@@ -138,10 +177,24 @@ impl Raw {
                 // and its snapshot go.
                 let mut task = vec!["task", "rm", "-f"];
                 task.extend(&ids);
-                let tasks = self.run(&task).await;
+                let mut tasks = self.run_within(&task, REMOVE_LIMIT).await;
+                let hung = tasks.as_ref().is_err_and(|e| e.is::<Hung>());
+                if hung && self.kill_shims(&ids).await > 0 {
+                    // A wedged shim answers not even a forced removal; once it is gone,
+                    // containerd cleans its task up itself.
+                    tasks = Ok(String::new());
+                }
                 let mut container = vec!["container", "rm"];
                 container.extend(&ids);
-                let containers = self.run(&container).await;
+                let mut containers = self.run(&container).await;
+                for _ in 0..5 {
+                    if containers.is_ok() {
+                        break;
+                    }
+                    // containerd's clean-up after a killed shim takes a moment.
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    containers = self.run(&container).await;
+                }
                 tasks.and(containers).map(|_| ())
             }
             Backend::Docker => {
@@ -150,6 +203,52 @@ impl Raw {
                 self.run(&args).await.map(|_| ())
             }
         }
+    }
+
+    /// Kills the containerd shims serving the benchmark's own tasks `ids`; how many it found.
+    /// Only for removal: the bench made these tasks, and nothing else reaches a shim that no
+    /// longer answers.
+    async fn kill_shims(&self, ids: &[&str]) -> usize {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        let mut pids = Vec::new();
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let value_of = |flag: &str| {
+                args.iter()
+                    .position(|a| *a == flag.as_bytes())
+                    .and_then(|i| args.get(i + 1))
+                    .and_then(|v| std::str::from_utf8(v).ok())
+            };
+            let is_shim = args
+                .first()
+                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
+            if is_shim
+                && value_of("-namespace") == Some(NAMESPACE)
+                && value_of("-id").is_some_and(|id| ids.contains(&id))
+            {
+                pids.push(pid);
+            }
+        }
+        for pid in &pids {
+            eprintln!("  killing the wedged shim {pid} of a raw machine");
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status()
+                .await;
+        }
+        pids.len()
     }
 
     /// Removes each of `ids` on its own, ignoring failures: the last sweep.
@@ -161,18 +260,26 @@ impl Raw {
 
     /// Runs `true` in machine `id`.
     pub async fn exec(&self, id: &str, exec_id: &str) -> Result<()> {
-        self.exec_output(id, exec_id, &["true"]).await.map(|_| ())
+        self.exec_output(id, exec_id, &["true"], COMMAND_LIMIT)
+            .await
+            .map(|_| ())
     }
 
-    /// Runs `argv` in machine `id`; its stdout. `exec_id` names the process to containerd, which
-    /// refuses two live processes of one name in a task.
-    pub async fn exec_output(&self, id: &str, exec_id: &str, argv: &[&str]) -> Result<String> {
+    /// Runs `argv` in machine `id`; its stdout, unless it took longer than `limit`. `exec_id`
+    /// names the process to containerd, which refuses two live processes of one name in a task.
+    pub async fn exec_output(
+        &self,
+        id: &str,
+        exec_id: &str,
+        argv: &[&str],
+        limit: Duration,
+    ) -> Result<String> {
         let mut args = match self.backend {
             Backend::Containerd => vec!["task", "exec", "--exec-id", exec_id, id],
             Backend::Docker => vec!["exec", id],
         };
         args.extend(argv);
-        self.run(&args).await
+        self.run_within(&args, limit).await
     }
 
     /// The runtime's name of the one machine labelled as environment `environment`'s: the

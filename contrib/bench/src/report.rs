@@ -129,15 +129,15 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
         );
         for l in &r.exec_loads {
             let ratio = l.ratio();
+            let o = &l.ours;
             add(
                 &exec_load_target(l.load),
-                ratio <= EXEC_LOAD_RATIO && l.ours.errors == 0 && l.ours.restarted == 0,
+                ratio <= EXEC_LOAD_RATIO && o.errors == 0 && o.restarted == 0 && o.unanswering == 0,
                 format!(
-                    "{ratio:.2}×{}, {} errors, {} of {} inits restarted",
+                    "{ratio:.2}×{}, {} errors, {}",
                     over(ratio, EXEC_LOAD_RATIO),
-                    l.ours.errors,
-                    l.ours.restarted,
-                    l.load.environments
+                    o.errors,
+                    inits(o, l.load.environments)
                 ),
             );
         }
@@ -182,6 +182,16 @@ const TARGETS: [&str; 7] = [
     "RSS with 200 environments ≤ 80 MB",
     "list of 200 ≤ 10 ms",
 ];
+
+/// What became of the machines' inits under a load: "inits restarted 0 of 16", and how many
+/// did not answer, if any.
+fn inits(side: &LoadSide, machines: usize) -> String {
+    let mut text = format!("inits restarted {} of {machines}", side.restarted);
+    if side.unanswering > 0 {
+        let _ = write!(text, ", {} not answering", side.unanswering);
+    }
+    text
+}
 
 /// The target of one concurrent exec load.
 fn exec_load_target(load: ExecLoad) -> String {
@@ -271,12 +281,21 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
         for l in &r.exec_loads {
             let rounds = l.ours.wall.len();
             let side = |s: &LoadSide| {
+                // The raw side stops after a round it failed.
+                let given_up = if s.wall.len() < rounds {
+                    format!(
+                        "; given up after {} round{}",
+                        s.wall.len(),
+                        if s.wall.len() == 1 { "" } else { "s" }
+                    )
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{}; errors {}; inits restarted {} of {}",
+                    "{}; errors {}; {}{given_up}",
                     spread(&s.wall),
                     s.errors,
-                    s.restarted,
-                    l.load.environments
+                    inits(s, l.load.environments)
                 )
             };
             let _ = writeln!(
@@ -451,7 +470,12 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          `docker exec MACHINE true`) alternating round by round; wall time until the last \
          answers. **Inits restarted**: pid 1's start time (field 22 of `/proc/1/stat`, read \
          with the raw client's exec of `cat`) before the first round and after the last; a \
-         machine whose init started anew, or that is gone, counts. The daemon's machine is found \
+         machine whose init started anew, or that is gone, counts; one that does not answer \
+         the read within 30 s is counted as not answering. Every exec and raw command is given \
+         120 s, then counts as an error; the raw side stops after a round with errors (its \
+         machine is most likely wedged: more rounds would only wait out the limit again), and \
+         a raw machine whose shim no longer answers even a forced removal is removed by \
+         killing that shim. The daemon's machine is found \
          by its `dev.narya.environment` label. The raw side starts every exec at once; on \
          containerd the daemon lets a few into one machine at a time and queues the rest.\n\
          - **memory**: VmRSS of the daemon from `/proc/PID/status` one second after warm-up \

@@ -2,7 +2,7 @@
 //! daemon's side and the raw runtime's alternated, and whether any machine's init was restarted.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use hyper::{Method, StatusCode};
@@ -10,7 +10,12 @@ use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
 use super::{describe, Bench, HELPERS};
+use crate::raw::COMMAND_LIMIT;
 use crate::stats::Samples;
+
+/// How long reading pid 1's start time may take: a healthy machine answers within a second,
+/// one whose shim the load wedged never does.
+const INIT_READ_LIMIT: Duration = Duration::from_secs(30);
 
 /// One shape of load: `execs` started at once, spread round-robin over `environments`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +46,11 @@ impl ExecLoad {
 pub struct LoadSide {
     pub wall: Samples,
     pub errors: usize,
-    /// Machines whose pid 1 started anew between before the first round and after the last.
+    /// Machines whose pid 1 started anew between before the first round and after the last,
+    /// or that are gone.
     pub restarted: usize,
+    /// Machines that did not answer the read of pid 1's start time after the last round.
+    pub unanswering: usize,
 }
 
 pub struct ExecLoadResult {
@@ -89,32 +97,34 @@ impl Bench {
         let exec_id = self.fresh_id("stat");
         let stat = self
             .raw
-            .exec_output(machine, &exec_id, &["cat", "/proc/1/stat"])
+            .exec_output(machine, &exec_id, &["cat", "/proc/1/stat"], INIT_READ_LIMIT)
             .await
             .with_context(|| format!("cannot read pid 1's start time in {machine}"))?;
         start_time(&stat)
     }
 
-    /// The start times of pid 1 in each of `machines`; `None` where it cannot be read (the
-    /// machine is gone or stopped), which counts as restarted.
-    async fn init_starts(&self, machines: &[String]) -> Vec<Option<u64>> {
-        let mut starts = Vec::new();
-        for machine in machines {
-            starts.push(self.init_start(machine).await.ok());
+    /// Counts `machine` in `side` as restarted when its pid 1 started after `before`, as
+    /// unanswering when the start time cannot be read.
+    async fn look_again(&self, side: &mut LoadSide, machine: &str, before: u64) {
+        match self.init_start(machine).await {
+            Ok(after) if after == before => {}
+            Ok(_) => side.restarted += 1,
+            Err(_) => side.unanswering += 1,
         }
-        starts
     }
 
     /// `POST /v1/environments/{id}/exec {"argv": ["true"]}`: must answer 200 with exit code 0.
     async fn exec_true_ours(&self, id: &str) -> Result<()> {
-        let answer = self
-            .client
-            .send_json(
-                Method::POST,
-                &format!("/v1/environments/{id}/exec"),
-                &json!({ "argv": ["true"] }),
-            )
-            .await?;
+        let path = format!("/v1/environments/{id}/exec");
+        let body = json!({ "argv": ["true"] });
+        let sent = self.client.send_json(Method::POST, &path, &body);
+        let Ok(answer) = tokio::time::timeout(COMMAND_LIMIT, sent).await else {
+            bail!(
+                "exec of true in {id} did not answer within {} s",
+                COMMAND_LIMIT.as_secs()
+            );
+        };
+        let answer = answer?;
         let outcome: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
         if answer.status != StatusCode::OK || outcome["exit_code"] != 0 {
             bail!("exec of true in {id} answered {}", describe(&answer));
@@ -211,36 +221,30 @@ impl Bench {
             result.ours.errors += errors.len();
             keep_first(&mut result.failures, errors);
 
-            let (wall, errors) = self.exec_burst(false, &raws, load.execs).await;
-            result.raw.wall.push(wall);
-            result.raw.errors += errors.len();
-            keep_first(&mut result.failures, errors);
+            // A raw runtime that failed a round has most likely wedged its machine: more
+            // rounds would only wait out the limit again.
+            if result.raw.errors == 0 {
+                let (wall, errors) = self.exec_burst(false, &raws, load.execs).await;
+                result.raw.wall.push(wall);
+                result.raw.errors += errors.len();
+                keep_first(&mut result.failures, errors);
+            }
         }
 
         // A restart at any round leaves a later start time for good, so one look at the end
         // covers every round. The daemon's machine is looked up again: a remade one, or none,
-        // counts as restarted too.
-        let mut machines_after = Vec::new();
-        for id in &envs {
-            machines_after.push(self.raw.machine_of(id).await.ok());
+        // counts as restarted.
+        for (id, (machine, before)) in envs.iter().zip(machines.iter().zip(&ours_before)) {
+            match self.raw.machine_of(id).await {
+                Ok(after) if after == *machine => {
+                    self.look_again(&mut result.ours, &after, *before).await
+                }
+                _ => result.ours.restarted += 1,
+            }
         }
-        let mut ours_after = Vec::new();
-        for (before, after) in machines.iter().zip(&machines_after) {
-            ours_after.push(match after {
-                Some(after) if after == before => self.init_start(after).await.ok(),
-                _ => None,
-            });
+        for (machine, before) in raws.iter().zip(&raw_before) {
+            self.look_again(&mut result.raw, machine, *before).await;
         }
-        let raw_after = self.init_starts(&raws).await;
-        let restarted = |before: &[u64], after: &[Option<u64>]| {
-            before
-                .iter()
-                .zip(after)
-                .filter(|(b, a)| Some(**b) != **a)
-                .count()
-        };
-        result.ours.restarted = restarted(&ours_before, &ours_after);
-        result.raw.restarted = restarted(&raw_before, &raw_after);
 
         self.delete_ours_all(envs).await?;
         self.delete_raw(&raws).await?;
