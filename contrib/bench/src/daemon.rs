@@ -43,6 +43,8 @@ impl Daemon {
             .context("cannot make the daemon's temporary directory")?;
         let state = dir.path().join("state");
         let socket = dir.path().join("narya.sock");
+        // Deleted environments are forgotten at once, not after a day: the run deletes hundreds
+        // before it lists the environments it keeps, and the list is measured at its size.
         let config = format!(
             "state_dir = {state}\n\n\
              [listen]\nsocket = {socket}\n\n\
@@ -50,7 +52,8 @@ impl Daemon {
              algorithms = [\"ES256\"]\n\n\
              [runtime]\nbackend = {backend}\ncontainerd_socket = {containerd}\n\
              containerd_namespace = {namespace}\ndocker_socket = {docker}\n\n\
-             [image]\nreference = {image}\n",
+             [image]\nreference = {image}\n\n\
+             [environment]\ngone_retention = \"1s\"\n",
             state = quote(&state.display().to_string()),
             socket = quote(&socket.display().to_string()),
             jwks = quote(&format!("file://{}", setup.jwks.display())),

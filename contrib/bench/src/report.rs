@@ -323,11 +323,15 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
             mib(r.memory.peak_kib),
             verdict(b, 5)
         );
+        let rows = if r.list_rows == plan.loaded {
+            String::new()
+        } else {
+            format!(", {} rows with deleted ones", r.list_rows)
+        };
         let _ = writeln!(
             t,
-            "| {name} | list of {} environments, {} rows with the deleted ({}) | {} | — | — | ≤ {LIST_MS} ms at {TARGET_LOAD} | {} |",
+            "| {name} | list of {} environments{rows} ({}) | {} | — | — | ≤ {LIST_MS} ms at {TARGET_LOAD} | {} |",
             plan.loaded,
-            r.list_rows,
             r.list.len(),
             spread(&r.list),
             verdict(b, 6)
@@ -439,8 +443,10 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
         "- One `naryad` per back end, started by the benchmark with a temporary configuration: a \
          development identity (a fresh P-256 key, its key set as a `file://` JWKS; every request \
          carries a token the daemon verifies), state and socket in a temporary directory, \
-         containerd namespace `narya-bench`, the official image from its OCI layout, every other \
-         key at its default (so machines use the host's network). Requests go over the unix \
+         containerd namespace `narya-bench`, the official image from its OCI layout, \
+         `environment.gone_retention = \"1s\"` (the run deletes hundreds of environments before \
+         it lists the ones it keeps; with the default day they would stay listed as `gone`), \
+         every other key at its default (so machines use the host's network). Requests go over the unix \
          socket, one fresh connection each, from the benchmark process.\n\
          - Warm-up before any timing: one create and delete through the daemon (which loads the \
          image into the runtime) and one raw create and removal.\n\
@@ -459,7 +465,8 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          - **idempotent repeat**: `POST` of an already recorded create (`200`), each with its \
          token verified.\n\
          - **concurrent**: all creates started at once; wall time until the last answers; \
-         machines = runtime tasks/containers of that round running afterwards.\n\
+         machines = runtime tasks/containers of that round running afterwards (the daemon's \
+         found by their `dev.narya.environment` label: it names its machines itself).\n\
          - **exec**: `POST /v1/environments/{id}/exec {\"argv\": [\"true\"]}` (`200`, exit code \
          0) vs `ctr task exec --exec-id UNIQUE ID true` resp. `docker exec ID true` in a raw \
          machine.\n\
@@ -479,13 +486,12 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          by its `dev.narya.environment` label. The raw side starts every exec at once; on \
          containerd the daemon lets a few into one machine at a time and queues the rest.\n\
          - **memory**: VmRSS of the daemon from `/proc/PID/status` one second after warm-up \
-         (idle), and one second after the environments were created (peak = VmHWM over the whole run, the \
-         concurrent creates included); MB in \
-         the targets are MiB here.\n\
+         (idle), and one second after the environments were created and the deleted ones \
+         forgotten (peak = VmHWM at the end of the run, the concurrent creates and execs \
+         included); MB in the targets are MiB here. The concurrent exec loads run last, after \
+         memory and list, so that what the allocator keeps after them does not count there.\n\
          - **list**: `GET /v1/environments` answering all recorded environments, after one \
-         untimed list. The environments the run deleted before are listed too (`gone`, kept for \
-         `environment.gone_retention`, a day by default), so the list answers more rows than \
-         the environments it counts.\n\n",
+         untimed list, once the environments deleted before are forgotten.\n\n",
     );
     d.push_str("Raw commands:\n\n");
     for outcome in outcomes {
