@@ -187,7 +187,8 @@ fn load_average() -> String {
     })
 }
 
-fn context(naryad: &Path) -> report::Context {
+/// What ran where; `out`, the report a previous run wrote, is no change to the source.
+fn context(naryad: &Path, out: &Path) -> report::Context {
     let memory = first_line_with("/proc/meminfo", "MemTotal:")
         .and_then(|v| v.trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or("unknown".to_owned(), |kib| {
@@ -195,8 +196,19 @@ fn context(naryad: &Path) -> report::Context {
         });
     let commit = match command_output("git", &["rev-parse", "--short", "HEAD"]) {
         Some(c) => {
-            let dirty = command_output("git", &["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
+            let exclude = format!(":(exclude){}", out.display());
+            let dirty = command_output(
+                "git",
+                &[
+                    "status",
+                    "--porcelain",
+                    "--untracked-files=no",
+                    "--",
+                    ":/",
+                    &exclude,
+                ],
+            )
+            .is_some_and(|s| !s.is_empty());
             if dirty {
                 format!("{c} with uncommitted changes")
             } else {
@@ -273,7 +285,7 @@ async fn run(args: Args) -> Result<bool> {
         .prefix("narya-bench-keys-")
         .tempdir()?;
     let (jwks, token) = identity(keys.path())?;
-    let mut context = context(&naryad);
+    let mut context = context(&naryad, &args.out);
     eprintln!(
         "narya-bench: {} mode, naryad {} ({})",
         if plan.short { "short" } else { "full" },
