@@ -43,7 +43,7 @@ pub async fn answering(runtime: &dyn Runtime, socket: &str) -> Option<String> {
 }
 
 /// The suite's fixture: the official image from `reference`, workspaces under `scratch`, the
-/// unprivileged user 1000:1000 on the host's network, machines named from `prefix`.
+/// unprivileged user 1000:1000 on the host's network, machines named from `prefix` and the process id.
 pub fn fixture(
     reference: ImageReference,
     scratch: &Path,
@@ -62,7 +62,9 @@ pub fn fixture(
         },
         network: Network::Host,
         mount_point: "/workspace".to_owned(),
-        prefix,
+        // The process id keeps two runs (or a machine a crashed run leaked) from ever sharing a
+        // prefix: the list case asserts exactly the machines named from it.
+        prefix: format!("{prefix}-{}", std::process::id()),
         unreachable: Some(unreachable),
     };
     std::fs::create_dir_all(&fixture.scratch).unwrap();
