@@ -1,5 +1,6 @@
 //! The daemon's life: open the store, bind the listeners, serve one router, shut down cleanly.
 
+mod systemd;
 mod transport;
 
 use std::io::ErrorKind;
@@ -17,6 +18,12 @@ use crate::environments::Environments;
 use crate::github::{GitHubApp, GitHubError};
 use crate::organisation::Organisations;
 use crate::store::{Store, StoreError};
+
+pub use systemd::{ActivationError, Notifier};
+
+/// How often start-up asks a runtime that did not answer yet whether it does now, to tell
+/// systemd the daemon is ready.
+const RUNTIME_READY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -44,6 +51,8 @@ pub enum DaemonError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Activation(#[from] ActivationError),
     #[error("cannot listen on TCP {addr}: {source}")]
     Tcp {
         addr: std::net::SocketAddr,
@@ -86,6 +95,54 @@ pub fn bind_unix_socket(path: &Path) -> Result<UnixListener, DaemonError> {
     // Every request carries a verified token; the file mode is transport, not authorisation.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(socket_error)?;
     Ok(listener)
+}
+
+/// The unix socket systemd passed (socket activation), else one bound at `path`; and whether
+/// the socket file is naryad's own to remove at exit.
+fn unix_listener(path: &Path) -> Result<(UnixListener, bool), DaemonError> {
+    let Some((listener, bound_at)) = systemd::activated_unix_listener()? else {
+        return Ok((bind_unix_socket(path)?, true));
+    };
+    let socket_error = |source| DaemonError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    match bound_at {
+        Some(bound_at) if bound_at != path => tracing::warn!(
+            activated = %bound_at.display(),
+            configured = %path.display(),
+            "serving the unix socket systemd passed, which is not listen.socket; make the two agree (naryad.socket's ListenStream)"
+        ),
+        _ => tracing::info!(socket = %path.display(), "serving the unix socket systemd passed"),
+    }
+    Ok((
+        UnixListener::from_std(listener).map_err(socket_error)?,
+        false,
+    ))
+}
+
+/// Tells systemd the daemon is ready once the runtime, which did not answer at start-up, does:
+/// until then the daemon serves, with environments reading `degraded`.
+async fn notify_ready_when_runtime_answers(
+    runtime: Arc<dyn narya_runtimes::Runtime>,
+    notifier: Arc<Notifier>,
+) {
+    notifier.notify(&format!(
+        "STATUS=serving; waiting for the container runtime ({}) to answer",
+        runtime.name()
+    ));
+    loop {
+        tokio::time::sleep(RUNTIME_READY_POLL).await;
+        if let Ok(version) = runtime.version().await {
+            tracing::info!(
+                backend = runtime.name(),
+                version,
+                "container runtime answers"
+            );
+            notifier.notify("READY=1\nSTATUS=serving");
+            return;
+        }
+    }
 }
 
 /// Creates the state directory private to the daemon's user (0700), or makes an existing one
@@ -132,6 +189,7 @@ async fn shutdown_signal() -> Result<&'static str, DaemonError> {
 /// in flight finish for at most `shutdown_timeout` (what is still provisioning then is recorded
 /// as interrupted), removes its socket and returns.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let notifier = Arc::new(Notifier::from_environment());
     let config = Arc::new(config);
     private_state_dir(&config.state_dir)?;
     let store = Store::open(&config.database_path()).await?;
@@ -141,17 +199,22 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let runtime = crate::backend::connect(&config)?;
     // A runtime that does not answer yet is waited for (environments read degraded); one that
     // answers but cannot be used stops start-up.
-    match runtime.version().await {
-        Ok(version) => tracing::info!(
-            backend = runtime.name(),
-            version,
-            "container runtime answers"
-        ),
+    let runtime_answers = match runtime.version().await {
+        Ok(version) => {
+            tracing::info!(
+                backend = runtime.name(),
+                version,
+                "container runtime answers"
+            );
+            true
+        }
         Err(e) if e.kind() == narya_runtimes::ErrorKind::Unavailable => {
-            tracing::warn!(backend = runtime.name(), error = %e, "container runtime not answering yet; retrying in the background")
+            tracing::warn!(backend = runtime.name(), error = %e, "container runtime not answering yet; retrying in the background");
+            false
         }
         Err(e) => return Err(e.into()),
-    }
+    };
+    let readiness_runtime = runtime.clone();
     // A [github] section whose key is unusable is found at start-up, not at the first clone.
     let github = match &config.github {
         Some(github) => Some(Arc::new(GitHubApp::new(github)?)),
@@ -174,7 +237,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     };
     let router = api::router(state);
 
-    let unix = bind_unix_socket(&config.listen.socket)?;
+    let (unix, owns_socket_file) = unix_listener(&config.listen.socket)?;
     let tcp = match config.listen.tcp {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -198,6 +261,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         servers.spawn(transport::serve(tcp, router, limits, stop.clone()));
     }
     tracing::info!(backend = ?config.runtime.backend, "naryad ready");
+    let readiness = if runtime_answers {
+        notifier.notify("READY=1\nSTATUS=serving");
+        None
+    } else {
+        Some(tokio::spawn(notify_ready_when_runtime_answers(
+            readiness_runtime,
+            notifier.clone(),
+        )))
+    };
 
     let mut result = Ok(());
     tokio::select! {
@@ -212,6 +284,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 result = Err(DaemonError::Listener(e));
             }
         }
+    }
+    notifier.notify("STOPPING=1\nSTATUS=finishing the requests in flight");
+    if let Some(readiness) = readiness {
+        readiness.abort();
     }
     stop.cancel();
     let finished = tokio::time::timeout(config.shutdown_timeout.0, async {
@@ -234,8 +310,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             tracing::error!(error = %e, "could not record the creates still provisioning as interrupted");
         }
     }
-    if let Err(e) = std::fs::remove_file(&config.listen.socket) {
-        tracing::warn!(error = %e, "could not remove the socket file");
+    // A socket systemd passed stays systemd's: it keeps listening for the next start.
+    if owns_socket_file {
+        if let Err(e) = std::fs::remove_file(&config.listen.socket) {
+            tracing::warn!(error = %e, "could not remove the socket file");
+        }
     }
     store.close().await;
     tracing::info!("naryad stopped");
