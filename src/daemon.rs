@@ -174,21 +174,36 @@ pub fn private_state_dir(dir: &Path) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// Resolves when SIGTERM or SIGINT arrives.
-async fn shutdown_signal() -> Result<&'static str, DaemonError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGTERM and SIGINT, caught from start-up on: a stop sent the moment the daemon said it is
+/// ready (or even before) is a clean shutdown, never the default action's instant death.
+struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> Result<ShutdownSignals, DaemonError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(ShutdownSignals {
+            term: signal(SignalKind::terminate()).map_err(DaemonError::Signals)?,
+            int: signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?,
+        })
+    }
+
+    /// Resolves when SIGTERM or SIGINT arrives (or arrived since `install`).
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
 
 /// Runs the daemon until SIGTERM/SIGINT, then stops accepting, lets requests and provisioning
 /// in flight finish for at most `shutdown_timeout` (what is still provisioning then is recorded
 /// as interrupted), removes its socket and returns.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let mut signals = ShutdownSignals::install()?;
     let notifier = Arc::new(Notifier::from_environment());
     let config = Arc::new(config);
     private_state_dir(&config.state_dir)?;
@@ -273,8 +288,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
     let mut result = Ok(());
     tokio::select! {
-        signal = shutdown_signal() => {
-            let signal = signal?;
+        signal = signals.recv() => {
             tracing::info!(signal, "shutting down: no new requests, finishing those in flight");
         }
         // A listener only ends on a stop, so this one failed.

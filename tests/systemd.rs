@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::e2e::{requirements_for, Backend, NAMESPACE};
+use support::private::PrivateContainerd;
 use support::{free_port, make_key};
 
 /// Things that take a second on a quiet machine get this long on a loaded one.
@@ -165,6 +166,53 @@ fn the_daemon_reports_ready_once_it_serves_and_stopping_at_sigterm() {
     let mut stopping = next_notification(&notify, &daemon);
     while !stopping.lines().any(|line| line == "STOPPING=1") {
         stopping = next_notification(&notify, &daemon);
+    }
+}
+
+#[test]
+fn readiness_waits_for_a_runtime_that_is_late_while_the_daemon_already_serves() {
+    if requirements_for(Backend::Containerd).is_none() {
+        return;
+    }
+    let mut containerd = PrivateContainerd::start();
+    containerd.stop();
+    let dir = tempfile::tempdir().unwrap();
+    let (config, socket, _) = write_config(
+        dir.path(),
+        &format!(
+            "[runtime]\ncontainerd_socket = {:?}\n",
+            containerd.socket.display().to_string()
+        ),
+    );
+    let notify_path = dir.path().join("notify");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(PATIENCE)).unwrap();
+    let notify_env = notify_path.display().to_string();
+    let daemon = spawn(
+        Path::new(env!("CARGO_BIN_EXE_naryad")),
+        &["--config".as_ref(), config.as_os_str()],
+        &[("NOTIFY_SOCKET", &notify_env)],
+        dir.path().join("naryad.log"),
+    );
+
+    // The runtime is away: the daemon says why it is not ready, yet serves.
+    let waiting = next_notification(&notify, &daemon);
+    assert!(
+        waiting.starts_with("STATUS=") && waiting.contains("waiting for the container runtime"),
+        "{waiting:?}:\n{}",
+        daemon.log()
+    );
+    assert!(!waiting.contains("READY=1"), "{waiting:?}");
+    assert!(
+        status_line(&socket).starts_with("HTTP/1.1 401"),
+        "{}",
+        daemon.log()
+    );
+
+    containerd.resume();
+    let mut ready = next_notification(&notify, &daemon);
+    while !ready.lines().any(|line| line == "READY=1") {
+        ready = next_notification(&notify, &daemon);
     }
 }
 
