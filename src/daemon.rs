@@ -1,5 +1,6 @@
 //! The daemon's life: open the store, bind the listeners, serve one router, shut down cleanly.
 
+mod systemd;
 mod transport;
 
 use std::io::ErrorKind;
@@ -17,6 +18,12 @@ use crate::environments::Environments;
 use crate::github::{GitHubApp, GitHubError};
 use crate::organisation::Organisations;
 use crate::store::{Store, StoreError};
+
+pub use systemd::{ActivationError, Notifier};
+
+/// How often start-up asks a runtime that did not answer yet whether it does now, to tell
+/// systemd the daemon is ready.
+const RUNTIME_READY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -44,6 +51,8 @@ pub enum DaemonError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Activation(#[from] ActivationError),
     #[error("cannot listen on TCP {addr}: {source}")]
     Tcp {
         addr: std::net::SocketAddr,
@@ -88,6 +97,54 @@ pub fn bind_unix_socket(path: &Path) -> Result<UnixListener, DaemonError> {
     Ok(listener)
 }
 
+/// The unix socket systemd passed (socket activation), else one bound at `path`; and whether
+/// the socket file is naryad's own to remove at exit.
+fn unix_listener(path: &Path) -> Result<(UnixListener, bool), DaemonError> {
+    let Some((listener, bound_at)) = systemd::activated_unix_listener()? else {
+        return Ok((bind_unix_socket(path)?, true));
+    };
+    let socket_error = |source| DaemonError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    match bound_at {
+        Some(bound_at) if bound_at != path => tracing::warn!(
+            activated = %bound_at.display(),
+            configured = %path.display(),
+            "serving the unix socket systemd passed, which is not listen.socket; make the two agree (naryad.socket's ListenStream)"
+        ),
+        _ => tracing::info!(socket = %path.display(), "serving the unix socket systemd passed"),
+    }
+    Ok((
+        UnixListener::from_std(listener).map_err(socket_error)?,
+        false,
+    ))
+}
+
+/// Tells systemd the daemon is ready once the runtime, which did not answer at start-up, does:
+/// until then the daemon serves, with environments reading `degraded`.
+async fn notify_ready_when_runtime_answers(
+    runtime: Arc<dyn narya_runtimes::Runtime>,
+    notifier: Arc<Notifier>,
+) {
+    notifier.notify(&format!(
+        "STATUS=serving; waiting for the container runtime ({}) to answer",
+        runtime.name()
+    ));
+    loop {
+        tokio::time::sleep(RUNTIME_READY_POLL).await;
+        if let Ok(version) = runtime.version().await {
+            tracing::info!(
+                backend = runtime.name(),
+                version,
+                "container runtime answers"
+            );
+            notifier.notify("READY=1\nSTATUS=serving");
+            return;
+        }
+    }
+}
+
 /// Creates the state directory private to the daemon's user (0700), or makes an existing one
 /// so: it holds the database and every environment's workspace.
 pub fn private_state_dir(dir: &Path) -> Result<(), DaemonError> {
@@ -117,21 +174,37 @@ pub fn private_state_dir(dir: &Path) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// Resolves when SIGTERM or SIGINT arrives.
-async fn shutdown_signal() -> Result<&'static str, DaemonError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGTERM and SIGINT, caught from start-up on: a stop sent the moment the daemon said it is
+/// ready (or even before) is a clean shutdown, never the default action's instant death.
+struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> Result<ShutdownSignals, DaemonError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(ShutdownSignals {
+            term: signal(SignalKind::terminate()).map_err(DaemonError::Signals)?,
+            int: signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?,
+        })
+    }
+
+    /// Resolves when SIGTERM or SIGINT arrives (or arrived since `install`).
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
 
 /// Runs the daemon until SIGTERM/SIGINT, then stops accepting, lets requests and provisioning
 /// in flight finish for at most `shutdown_timeout` (what is still provisioning then is recorded
 /// as interrupted), removes its socket and returns.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let mut signals = ShutdownSignals::install()?;
+    let notifier = Arc::new(Notifier::from_environment());
     let config = Arc::new(config);
     private_state_dir(&config.state_dir)?;
     let store = Store::open(&config.database_path()).await?;
@@ -141,17 +214,22 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let runtime = crate::backend::connect(&config)?;
     // A runtime that does not answer yet is waited for (environments read degraded); one that
     // answers but cannot be used stops start-up.
-    match runtime.version().await {
-        Ok(version) => tracing::info!(
-            backend = runtime.name(),
-            version,
-            "container runtime answers"
-        ),
+    let runtime_answers = match runtime.version().await {
+        Ok(version) => {
+            tracing::info!(
+                backend = runtime.name(),
+                version,
+                "container runtime answers"
+            );
+            true
+        }
         Err(e) if e.kind() == narya_runtimes::ErrorKind::Unavailable => {
-            tracing::warn!(backend = runtime.name(), error = %e, "container runtime not answering yet; retrying in the background")
+            tracing::warn!(backend = runtime.name(), error = %e, "container runtime not answering yet; retrying in the background");
+            false
         }
         Err(e) => return Err(e.into()),
-    }
+    };
+    let readiness_runtime = runtime.clone();
     // A [github] section whose key is unusable is found at start-up, not at the first clone.
     let github = match &config.github {
         Some(github) => Some(Arc::new(GitHubApp::new(github)?)),
@@ -174,7 +252,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     };
     let router = api::router(state);
 
-    let unix = bind_unix_socket(&config.listen.socket)?;
+    let (unix, owns_socket_file) = unix_listener(&config.listen.socket)?;
     let tcp = match config.listen.tcp {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -198,11 +276,19 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         servers.spawn(transport::serve(tcp, router, limits, stop.clone()));
     }
     tracing::info!(backend = ?config.runtime.backend, "naryad ready");
+    let readiness = if runtime_answers {
+        notifier.notify("READY=1\nSTATUS=serving");
+        None
+    } else {
+        Some(tokio::spawn(notify_ready_when_runtime_answers(
+            readiness_runtime,
+            notifier.clone(),
+        )))
+    };
 
     let mut result = Ok(());
     tokio::select! {
-        signal = shutdown_signal() => {
-            let signal = signal?;
+        signal = signals.recv() => {
             tracing::info!(signal, "shutting down: no new requests, finishing those in flight");
         }
         // A listener only ends on a stop, so this one failed.
@@ -212,6 +298,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 result = Err(DaemonError::Listener(e));
             }
         }
+    }
+    notifier.notify("STOPPING=1\nSTATUS=finishing the requests in flight");
+    if let Some(readiness) = readiness {
+        readiness.abort();
     }
     stop.cancel();
     let finished = tokio::time::timeout(config.shutdown_timeout.0, async {
@@ -234,8 +324,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             tracing::error!(error = %e, "could not record the creates still provisioning as interrupted");
         }
     }
-    if let Err(e) = std::fs::remove_file(&config.listen.socket) {
-        tracing::warn!(error = %e, "could not remove the socket file");
+    // A socket systemd passed stays systemd's: it keeps listening for the next start.
+    if owns_socket_file {
+        if let Err(e) = std::fs::remove_file(&config.listen.socket) {
+            tracing::warn!(error = %e, "could not remove the socket file");
+        }
     }
     store.close().await;
     tracing::info!("naryad stopped");

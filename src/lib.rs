@@ -3,6 +3,7 @@
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod check_config;
 pub mod client;
 pub mod config;
 pub mod conformance;
