@@ -300,6 +300,11 @@ pub trait Runtime: Send + Sync {
     /// Errors: `Unavailable`, never `Missing`, when the runtime is not answering.
     async fn inspect(&self, id: &str) -> Result<MachineState>;
 
+    /// The host pid of the running machine `id`'s init, through which the host finds the
+    /// processes in its pid namespace; `None` when the machine is missing or not running.
+    /// Errors: `Unavailable`.
+    async fn init_pid(&self, id: &str) -> Result<Option<u32>>;
+
     /// Every Narya-labelled machine in the runtime.
     async fn list(&self) -> Result<Vec<MachineInfo>>;
 

@@ -59,9 +59,16 @@ impl Environments {
         let mut wait = POLL;
         let mut orphans_reported = HashSet::new();
         let mut changes = None;
+        let mut swept = false;
         loop {
             wait = match self.reconcile_once(&mut orphans_reported).await {
-                Ok(()) => POLL,
+                Ok(()) => {
+                    // Once the runtime answers: what earlier daemons left running goes.
+                    if !swept {
+                        swept = self.sweep_earlier_runs().await;
+                    }
+                    POLL
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "reconciling failed; retrying");
                     changes = None;

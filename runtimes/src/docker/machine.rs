@@ -34,6 +34,8 @@ pub(super) struct Machine {
     pub container: String,
     pub state: MachineState,
     pub labels: HashMap<String, String>,
+    /// The host pid of its init while it runs.
+    pub pid: Option<u32>,
 }
 
 fn network_mode(network: Network) -> String {
@@ -149,6 +151,12 @@ impl Docker {
             .map_or(MachineState::Missing, |m| m.state))
     }
 
+    /// `Runtime::init_pid`.
+    pub(super) async fn machine_init_pid(&self, id: &str) -> Result<Option<u32>> {
+        let client = self.engine.client().await?;
+        Ok(self.machine(client, id).await?.and_then(|m| m.pid))
+    }
+
     /// `Runtime::list`, or `Runtime::machines_of` when `environment` is given.
     pub(super) async fn list_machines(
         &self,
@@ -262,10 +270,15 @@ impl Docker {
         let Some(container) = found.id else {
             return Ok(None);
         };
+        let state = found.state.unwrap_or_default();
         Ok(Some(Machine {
             container,
-            state: machine_state(found.state.and_then(|s| s.status)),
+            state: machine_state(state.status),
             labels,
+            pid: state
+                .pid
+                .and_then(|p| u32::try_from(p).ok())
+                .filter(|p| *p > 0),
         }))
     }
 

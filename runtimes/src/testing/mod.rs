@@ -33,6 +33,7 @@ pub enum Op {
     Run,
     RunThrowaway,
     Inspect,
+    InitPid,
     List,
     Changes,
     Start,
@@ -420,6 +421,12 @@ impl Runtime for FakeRuntime {
             .get(id)
             .map_or(MachineState::Missing, |m| m.info.state);
         answer(after, Op::Inspect, Ok(state))
+    }
+
+    /// No machine of the fake has host processes.
+    async fn init_pid(&self, _id: &str) -> Result<Option<u32>> {
+        let after = self.enter(Op::InitPid).await?;
+        answer(after, Op::InitPid, Ok(None))
     }
 
     async fn list(&self) -> Result<Vec<MachineInfo>> {
