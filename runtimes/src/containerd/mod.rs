@@ -141,7 +141,7 @@ impl Runtime for Containerd {
         self.list_machines(Some(environment)).await
     }
 
-    async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>> {
+    async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, crate::Change>> {
         self.subscribe_changes().await
     }
 
