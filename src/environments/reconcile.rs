@@ -82,9 +82,9 @@ impl Environments {
                 };
                 full_pass_at = tokio::time::Instant::now() + wait;
             }
-            for machine in std::mem::take(&mut changed) {
-                if let Err(e) = self.reconcile_machine(&machine).await {
-                    tracing::warn!(machine = %machine, error = %e, "cannot look at a changed machine; looking at all of them");
+            if !changed.is_empty() {
+                if let Err(e) = self.reconcile_machines(&std::mem::take(&mut changed)).await {
+                    tracing::warn!(error = %e, "cannot look at the machines that changed; looking at all of them");
                     full_pass_at = tokio::time::Instant::now();
                 }
             }
@@ -130,17 +130,26 @@ impl Environments {
     /// if it serves an environment the store knows, none otherwise (a throwaway, an orphan:
     /// the full pass reports those). Errors: the store or the runtime did not answer.
     pub async fn reconcile_machine(&self, machine: &str) -> Result<(), String> {
+        self.reconcile_machines(&BTreeSet::from([machine.to_owned()]))
+            .await
+    }
+
+    /// As [`Environments::reconcile_machine`], for each of `machines`: one read of the store,
+    /// and one state call for each machine it knows.
+    async fn reconcile_machines(&self, machines: &BTreeSet<String>) -> Result<(), String> {
         let rows = self.store.list_all().await.map_err(|e| e.to_string())?;
-        let Some(row) = rows
-            .into_iter()
-            .find(|r| r.machine == machine && r.deleted_at.is_none())
-        else {
-            return Ok(());
-        };
-        if !row.setup_recorded || row.status == Status::Unusable {
-            return Ok(());
+        let mut failed = None;
+        for row in rows.iter().filter(|r| {
+            machines.contains(&r.machine)
+                && r.deleted_at.is_none()
+                && r.setup_recorded
+                && r.status != Status::Unusable
+        }) {
+            if let Err(e) = self.look_at(row).await {
+                failed = Some(e);
+            }
         }
-        self.look_at(&row).await
+        failed.map_or(Ok(()), Err)
     }
 
     /// One comparison. An unreachable runtime is not an error of the pass: it is a status.
