@@ -145,6 +145,9 @@ async fn notify_ready_when_runtime_answers(
     }
 }
 
+/// How long streams cut at the shutdown timeout have to send their last line.
+const CUT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Creates the state directory private to the daemon's user (0700), or makes an existing one
 /// so: it holds the database and every environment's workspace.
 pub fn private_state_dir(dir: &Path) -> Result<(), DaemonError> {
@@ -244,7 +247,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     ));
     environments.mark_interrupted().await?;
     let reconciler = tokio::spawn(environments.clone().reconcile_forever());
+    let cut = CancellationToken::new();
     let state = AppState {
+        cut: cut.clone(),
         config: config.clone(),
         verifier,
         environments: environments.clone(),
@@ -316,7 +321,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             shutdown_timeout = ?config.shutdown_timeout,
             "requests or provisioning still in flight at the shutdown timeout; ending them"
         );
-        // Dropping the listeners' tasks drops their connections, streams included.
+        // Open streams end with a line that says why, after what they had ready; then
+        // dropping the listeners' tasks drops whatever connection is left.
+        cut.cancel();
+        let _ = tokio::time::timeout(CUT_GRACE, async {
+            while servers.join_next().await.is_some() {}
+        })
+        .await;
         servers.shutdown().await;
         reconciler.abort();
         // What is still provisioning will not finish: say so now rather than at the next start.

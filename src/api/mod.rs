@@ -34,6 +34,8 @@ pub struct AppState {
     pub verifier: Arc<Verifier>,
     pub environments: Arc<Environments>,
     pub organisations: Arc<Organisations>,
+    /// Cancelled when the shutdown timeout expires: open streams end with an error line.
+    pub cut: tokio_util::sync::CancellationToken,
 }
 
 #[derive(OpenApi)]

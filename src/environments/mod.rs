@@ -11,6 +11,7 @@ use sha2::{Digest as _, Sha256};
 use tokio_util::task::TaskTracker;
 
 mod answer;
+mod bounds;
 mod clone;
 mod create;
 mod delete;
@@ -26,6 +27,7 @@ mod setup;
 mod tests;
 
 pub use answer::{CreateStream, Created, Differs};
+pub use bounds::MARK as RUN_MARK;
 pub use error::EnvironmentError;
 pub use exec::ExecRun;
 pub use progress::{Progress, Utf8Chunks};
@@ -63,6 +65,8 @@ pub struct Environments {
     config: Arc<Config>,
     organisations: Arc<Organisations>,
     locks: locks::Locks,
+    /// The bounds of setups and execs, which outlive this daemon.
+    bounds: bounds::Bounds,
     /// Creates, deletes and replaces in flight, which shutdown waits for.
     tasks: TaskTracker,
 }
@@ -77,6 +81,7 @@ impl Environments {
         Environments {
             store,
             runtime,
+            bounds: bounds::Bounds::new(config.state_dir.join("runs")),
             config,
             organisations,
             locks: locks::Locks::default(),

@@ -2,6 +2,7 @@
 //! back end would take seconds (and root) to reach, in milliseconds. The fake stands in for no
 //! back end; the real ones are exercised end to end in `tests/`.
 
+mod changes;
 mod create;
 mod lifecycle;
 
