@@ -29,15 +29,18 @@ pub(super) struct Bounds {
     ledger: PathBuf,
 }
 
-/// One run in flight, written down until it is dropped.
+/// One run in flight, written down until it [ends](Run::ended). A run dropped before (its
+/// task cancelled, the daemon stopping with it under way) stays written down, so that the next
+/// daemon kills what is left of it.
 pub(super) struct Run {
     /// Its mark as an environment entry, `NARYA_RUN=<boot>.<n>`.
     entry: String,
     file: Option<PathBuf>,
 }
 
-impl Drop for Run {
-    fn drop(&mut self) {
+impl Run {
+    /// The run is over: struck from the ledger.
+    fn ended(self) {
         if let Some(file) = &self.file {
             if let Err(e) = std::fs::remove_file(file) {
                 tracing::warn!(run = %self.entry, error = %e, "could not strike a finished run from the ledger");
@@ -146,9 +149,14 @@ impl Environments {
         let run = self.bounds.start(machine, &mut spec);
         let outcome = self.runtime.run(machine, &spec).await;
         // Killed (timed out, or nobody read it): the runtime took its process tree; descendants
-        // that left it (double fork, `setsid`) still carry the mark.
-        if matches!(&outcome, Ok(o) if o.exit_code.is_none()) {
-            self.kill_marked(machine, &run.entry).await;
+        // that left it (double fork, `setsid`) still carry the mark. A run the runtime failed
+        // is nobody's either. What cannot be killed now stays written down for the next daemon.
+        let over = match &outcome {
+            Ok(o) if o.exit_code.is_some() => true,
+            _ => self.kill_marked(machine, &run.entry).await,
+        };
+        if over {
+            run.ended();
         }
         outcome
     }
@@ -260,10 +268,12 @@ mod tests {
         let file = dir.path().join("runs").join(&mark);
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "narya-m");
         let mut second = spec(&["true"]);
-        let _second = bounds.start("narya-m", &mut second);
+        let second_run = bounds.start("narya-m", &mut second);
         assert_eq!(second.env[MARK], format!("{}.1", bounds.boot));
-        drop(run);
+        run.ended();
         assert!(!file.exists());
+        // Dropped before it ended (cancelled): still written down for the next daemon.
+        drop(second_run);
         assert!(
             bounds.earlier_runs().unwrap().is_empty(),
             "ours are not earlier"

@@ -6,7 +6,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::BoxStream;
 use narya_runtimes::{Change, ErrorKind, MachineInfo, MachineState};
+use tokio::time::Instant;
 
 use super::create::UNDO_PENDING;
 use super::delete::unix_now;
@@ -29,6 +31,42 @@ const MISSING: &str =
 const INTERRUPTED: &str = "its creation was interrupted before the setup state was recorded; delete it and create it again";
 /// The output of a step the host stopped during.
 const INTERRUPTED_OUTPUT: &str = "narya: the host stopped during this step, so nobody can say what it left behind; delete this environment and create it again\n";
+
+/// What a burst of runtime changes asks for.
+enum Burst {
+    /// A look at the machines it named.
+    Named,
+    /// A full pass: something changed that the runtime did not name.
+    Unnamed,
+    /// The stream ended.
+    Ended,
+}
+
+/// Gathers the burst that `first` begins (an exit, a delete, … arrive together) for a moment,
+/// the machines it names into `changed`.
+async fn burst(
+    stream: &mut BoxStream<'static, Change>,
+    first: Option<Change>,
+    changed: &mut BTreeSet<String>,
+) -> Burst {
+    use futures_util::StreamExt;
+    let settled = Instant::now() + CHANGE_SETTLE;
+    let mut burst = Burst::Named;
+    let mut next = first;
+    loop {
+        match next {
+            Some(Change::Machine(machine)) => {
+                changed.insert(machine);
+            }
+            Some(Change::Unknown) => burst = Burst::Unnamed,
+            None => return Burst::Ended,
+        }
+        match tokio::time::timeout_at(settled, stream.next()).await {
+            Ok(change) => next = change,
+            Err(_) => return burst,
+        }
+    }
+}
 
 impl Environments {
     /// Records the creates and replaces a previous daemon left under way as interrupted in the
@@ -60,11 +98,14 @@ impl Environments {
         let mut wait = POLL;
         let mut orphans_reported = HashSet::new();
         let mut changes = None;
+        // Subscribing is tried once a full pass at most: a runtime that is down ends a
+        // subscription at once, and must not be asked again in a tight loop.
+        let mut subscribe = true;
         let mut swept = false;
-        let mut full_pass_at = tokio::time::Instant::now();
-        let mut changed: BTreeSet<String> = BTreeSet::new();
+        let mut full_pass_at = Instant::now();
+        let mut changed = BTreeSet::new();
         loop {
-            if tokio::time::Instant::now() >= full_pass_at {
+            if Instant::now() >= full_pass_at {
                 changed.clear();
                 wait = match self.reconcile_once(&mut orphans_reported).await {
                     Ok(()) => {
@@ -80,15 +121,18 @@ impl Environments {
                         (wait * 2).min(BACKOFF_MAX)
                     }
                 };
-                full_pass_at = tokio::time::Instant::now() + wait;
+                full_pass_at = Instant::now() + wait;
+                subscribe = true;
             }
             if !changed.is_empty() {
                 if let Err(e) = self.reconcile_machines(&std::mem::take(&mut changed)).await {
                     tracing::warn!(error = %e, "cannot look at the machines that changed; looking at all of them");
-                    full_pass_at = tokio::time::Instant::now();
+                    full_pass_at = Instant::now();
+                    continue;
                 }
             }
-            if changes.is_none() {
+            if changes.is_none() && subscribe {
+                subscribe = false;
                 changes = self.runtime.changes().await.ok();
             }
             let Some(stream) = changes.as_mut() else {
@@ -99,29 +143,11 @@ impl Environments {
                 change = stream.next() => change,
                 _ = tokio::time::sleep_until(full_pass_at) => continue,
             };
-            // A burst of events (exit, delete, …) is one change: let it finish arriving.
-            let settled = tokio::time::Instant::now() + CHANGE_SETTLE;
-            let mut next = first;
-            loop {
-                match next {
-                    Some(Change::Machine(machine)) => {
-                        changed.insert(machine);
-                    }
-                    Some(Change::Unknown) => full_pass_at = tokio::time::Instant::now(),
-                    // The runtime stopped reporting: look at everything, then subscribe again.
-                    None => {
-                        changes = None;
-                        full_pass_at = tokio::time::Instant::now();
-                        break;
-                    }
-                }
-                let Some(stream) = changes.as_mut() else {
-                    break;
-                };
-                match tokio::time::timeout_at(settled, stream.next()).await {
-                    Ok(change) => next = change,
-                    Err(_) => break,
-                }
+            match burst(stream, first, &mut changed).await {
+                Burst::Named => {}
+                Burst::Unnamed => full_pass_at = Instant::now(),
+                // The runtime stopped reporting: the next full pass looks, then subscribes again.
+                Burst::Ended => changes = None,
             }
         }
     }
