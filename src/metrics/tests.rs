@@ -109,3 +109,32 @@ async fn a_create_step_is_timed_whatever_it_answers() {
         Some(&1.0)
     );
 }
+
+#[tokio::test]
+async fn a_failed_runtime_call_is_counted_by_kind_and_passed_on() {
+    use narya_runtimes::testing::FakeRuntime;
+    use narya_runtimes::Runtime;
+
+    let metrics = Metrics::new();
+    let fake = Arc::new(FakeRuntime::new());
+    let metered = Metered::new(fake.clone(), metrics.clone());
+    assert!(metered.list().await.is_ok());
+    fake.set_down(true);
+    let failed = metered.list().await.unwrap_err();
+    assert_eq!(
+        failed.kind(),
+        ErrorKind::Unavailable,
+        "the error is passed on as it is"
+    );
+    let got = samples(&metrics.encode());
+    assert_eq!(
+        got.get("narya_runtime_failures_total{kind=\"unavailable\"}"),
+        Some(&1.0)
+    );
+    assert_eq!(
+        got.keys()
+            .filter(|s| s.starts_with("narya_runtime_failures"))
+            .count(),
+        1
+    );
+}
