@@ -16,6 +16,7 @@ use crate::auth::{JwksError, Verifier};
 use crate::config::Config;
 use crate::environments::Environments;
 use crate::github::{GitHubApp, GitHubError};
+use crate::metrics::{Metered, Metrics};
 use crate::organisation::Organisations;
 use crate::store::{Store, StoreError};
 
@@ -202,6 +203,17 @@ impl ShutdownSignals {
     }
 }
 
+/// Binds TCP `addr`, when one is configured.
+async fn bind_tcp(addr: Option<std::net::SocketAddr>) -> Result<Option<TcpListener>, DaemonError> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| DaemonError::Tcp { addr, source })?;
+    Ok(Some(listener))
+}
+
 /// Runs the daemon until SIGTERM/SIGINT, then stops accepting, lets requests and provisioning
 /// in flight finish for at most `shutdown_timeout` (what is still provisioning then is recorded
 /// as interrupted), removes its socket and returns.
@@ -214,7 +226,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let verifier = Arc::new(Verifier::new(&config.identity)?);
     verifier.preload().await;
 
-    let runtime = crate::backend::connect(&config)?;
+    let metrics = Metrics::new();
+    let runtime: Arc<dyn narya_runtimes::Runtime> = Arc::new(Metered::new(
+        crate::backend::connect(&config)?,
+        metrics.clone(),
+    ));
     // A runtime that does not answer yet is waited for (environments read degraded); one that
     // answers but cannot be used stops start-up.
     let runtime_answers = match runtime.version().await {
@@ -239,12 +255,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         None => None,
     };
     let organisations = Arc::new(Organisations::new(store.clone(), github));
-    let environments = Arc::new(Environments::new(
-        store.clone(),
-        runtime,
-        config.clone(),
-        organisations.clone(),
-    ));
+    let environments = Arc::new(
+        Environments::new(
+            store.clone(),
+            runtime,
+            config.clone(),
+            organisations.clone(),
+        )
+        .with_metrics(metrics.clone()),
+    );
     environments.mark_interrupted().await?;
     let reconciler = tokio::spawn(environments.clone().reconcile_forever());
     let cut = CancellationToken::new();
@@ -254,18 +273,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         verifier,
         environments: environments.clone(),
         organisations,
+        metrics: metrics.clone(),
     };
     let router = api::router(state);
 
     let (unix, owns_socket_file) = unix_listener(&config.listen.socket)?;
-    let tcp = match config.listen.tcp {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| DaemonError::Tcp { addr, source })?,
-        ),
-        None => None,
-    };
+    let tcp = bind_tcp(config.listen.tcp).await?;
+    let metrics_listener = bind_tcp(config.listen.metrics).await?;
 
     let limits = transport::Limits {
         header_timeout: config.listen.header_timeout.0,
@@ -275,10 +289,34 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let stop = CancellationToken::new();
     let mut servers = tokio::task::JoinSet::new();
     tracing::info!(socket = %config.listen.socket.display(), "listening on the unix socket");
-    servers.spawn(transport::serve(unix, router.clone(), limits, stop.clone()));
+    let open = |listener| metrics.connections(listener);
+    servers.spawn(transport::serve(
+        unix,
+        router.clone(),
+        limits,
+        stop.clone(),
+        open("unix"),
+    ));
     if let Some(tcp) = tcp {
         tracing::info!(addr = %tcp.local_addr().map_err(DaemonError::Serve)?, "listening on TCP");
-        servers.spawn(transport::serve(tcp, router, limits, stop.clone()));
+        servers.spawn(transport::serve(
+            tcp,
+            router,
+            limits,
+            stop.clone(),
+            open("tcp"),
+        ));
+    }
+    if let Some(listener) = metrics_listener {
+        tracing::info!(addr = %listener.local_addr().map_err(DaemonError::Serve)?, "serving metrics (no token) at /metrics");
+        let scrape = crate::metrics::router(metrics.clone(), store.clone());
+        servers.spawn(transport::serve(
+            listener,
+            scrape,
+            limits,
+            stop.clone(),
+            open("metrics"),
+        ));
     }
     tracing::info!(backend = ?config.runtime.backend, "naryad ready");
     let readiness = if runtime_answers {
@@ -309,6 +347,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         readiness.abort();
     }
     stop.cancel();
+    // Event streams never end on their own: they end here, so connections can close.
+    environments.events().close();
     let finished = tokio::time::timeout(config.shutdown_timeout.0, async {
         while servers.join_next().await.is_some() {}
         reconciler.abort();

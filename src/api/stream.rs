@@ -36,6 +36,15 @@ where
     response
 }
 
+/// A streamed answer of JSON values, one a line.
+pub fn ndjson_values<S>(status: StatusCode, values: S) -> Response
+where
+    S: Stream<Item = Value> + Send + 'static,
+{
+    use futures_util::StreamExt;
+    ndjson(status, values.map(|value| line(&value)))
+}
+
 fn line(value: &Value) -> Result<Bytes, Infallible> {
     let mut bytes = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     bytes.push(b'\n');

@@ -106,7 +106,16 @@ fn local(config: &Config) -> Vec<Finding> {
         ),
     ];
     if let Some(addr) = config.listen.tcp {
-        findings.push(address_finding(addr));
+        findings.push(address_finding("listen.tcp", addr));
+    }
+    if let Some(addr) = config.listen.metrics {
+        findings.push(if config.listen.tcp == Some(addr) {
+            Finding::problem(format!(
+                "listen.metrics {addr}: the same address as listen.tcp; give the metrics a port of their own"
+            ))
+        } else {
+            address_finding("listen.metrics", addr)
+        });
     }
     if let Some(github) = &config.github {
         if let Err(e) = paths::file_to_read(&github.private_key) {
@@ -128,14 +137,11 @@ fn path_finding(key: &str, path: &Path, result: Result<String, String>) -> Findi
 
 /// The TCP address must be one of this host's: binding its IP on a port of the kernel's choice
 /// tells, without taking the configured port (a running daemon may hold it).
-fn address_finding(addr: SocketAddr) -> Finding {
+fn address_finding(key: &str, addr: SocketAddr) -> Finding {
     let probe = SocketAddr::new(addr.ip(), 0);
     match std::net::TcpListener::bind(probe) {
-        Ok(_) => Finding::ok(format!("listen.tcp {addr}: an address of this host")),
-        Err(e) => Finding::problem(format!(
-            "listen.tcp {addr}: cannot listen on {}: {e}",
-            addr.ip()
-        )),
+        Ok(_) => Finding::ok(format!("{key} {addr}: an address of this host")),
+        Err(e) => Finding::problem(format!("{key} {addr}: cannot listen on {}: {e}", addr.ip())),
     }
 }
 
@@ -235,5 +241,30 @@ mod tests {
             "problem: configuration file /x.toml: TOML parse error at line 1, column 1: unknown field `statedir`, expected one of `state_dir`"
         );
         assert_eq!(one_line("plain"), "plain");
+    }
+
+    #[test]
+    fn a_metrics_address_is_checked_like_the_tcp_one_and_kept_apart_from_it() {
+        let findings = |listen: &str| -> Vec<String> {
+            let text = format!(
+                "state_dir = \"/nonexistent/narya\"\n[listen]\n{listen}\n\
+                 [identity]\nissuer = \"https://id.test\"\naudience = \"narya\"\n"
+            );
+            let config = Config::parse(&text).unwrap();
+            local(&config)
+                .iter()
+                .map(ToString::to_string)
+                .filter(|f| f.contains("listen.metrics"))
+                .collect()
+        };
+        let fine = findings("metrics = \"127.0.0.1:9464\"");
+        assert_eq!(fine.len(), 1);
+        assert!(!fine[0].starts_with("problem"), "{fine:?}");
+        let shared = findings("tcp = \"127.0.0.1:7070\"\nmetrics = \"127.0.0.1:7070\"");
+        assert!(shared[0].starts_with("problem"), "{shared:?}");
+        // TEST-NET-1: never an address of this host.
+        let foreign = findings("metrics = \"192.0.2.1:9464\"");
+        assert!(foreign[0].starts_with("problem"), "{foreign:?}");
+        assert!(findings("").is_empty(), "off by default: nothing to check");
     }
 }

@@ -36,6 +36,7 @@ pub use request::{fingerprint, CreateRequest, ExecRequest, InvalidExec};
 
 use crate::auth::Principal;
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::model::EnvironmentId;
 use crate::organisation::Organisations;
 use crate::store::{EnvironmentRecord, Store};
@@ -69,6 +70,7 @@ pub struct Environments {
     bounds: bounds::Bounds,
     /// Creates, deletes and replaces in flight, which shutdown waits for.
     tasks: TaskTracker,
+    metrics: Metrics,
 }
 
 impl Environments {
@@ -86,7 +88,19 @@ impl Environments {
             organisations,
             locks: locks::Locks::default(),
             tasks: TaskTracker::new(),
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Counts what happens into `metrics` (by default, into a handle nobody reads).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Environments {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Where every status change of every environment is published.
+    pub fn events(&self) -> &crate::events::Events {
+        self.store.events()
     }
 
     /// Waits for every create, delete and replace in flight to record its outcome.

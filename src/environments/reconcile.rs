@@ -107,7 +107,9 @@ impl Environments {
         loop {
             if Instant::now() >= full_pass_at {
                 changed.clear();
-                wait = match self.reconcile_once(&mut orphans_reported).await {
+                let passed = self.reconcile_once(&mut orphans_reported).await;
+                self.metrics.reconciled(passed.is_ok());
+                wait = match passed {
                     Ok(()) => {
                         // Once the runtime answers: what earlier daemons left running goes.
                         if !swept {
@@ -125,7 +127,9 @@ impl Environments {
                 subscribe = true;
             }
             if !changed.is_empty() {
-                if let Err(e) = self.reconcile_machines(&std::mem::take(&mut changed)).await {
+                let passed = self.reconcile_machines(&std::mem::take(&mut changed)).await;
+                self.metrics.reconciled(passed.is_ok());
+                if let Err(e) = passed {
                     tracing::warn!(error = %e, "cannot look at the machines that changed; looking at all of them");
                     full_pass_at = Instant::now();
                     continue;
@@ -353,6 +357,7 @@ impl Environments {
         match self.runtime.start(&current.machine).await {
             Ok(()) => {
                 tracing::info!(environment.id = %current.id, "stopped machine started again");
+                self.metrics.machine_restarted();
                 let restarting = EnvironmentRecord {
                     status: Status::Degraded,
                     status_detail: Some(RESTARTING.to_owned()),

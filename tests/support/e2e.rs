@@ -386,6 +386,20 @@ impl Host {
         }
     }
 
+    /// Kills every process of environment `id`'s machine from outside, through the runtime's
+    /// own CLI, as the OOM killer or an admin would; the machine itself stays.
+    pub async fn kill(&self, id: &str) {
+        let name = self.machine(id).await.name;
+        let killed = match self.backend {
+            Backend::Containerd => {
+                self.cli(&["tasks", "kill", "--signal", "SIGKILL", "--all", &name])
+                    .await
+            }
+            Backend::Docker => self.cli(&["kill", &name]).await,
+        };
+        killed.unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// Removes `machine` through the runtime, by its name.
     pub async fn remove_machine(&self, machine: &LabelledMachine) {
         let _ = self.runtime.remove(&machine.name).await;

@@ -4,6 +4,7 @@
 
 mod changes;
 mod create;
+mod events;
 mod lifecycle;
 
 use std::os::unix::fs::MetadataExt;
