@@ -167,7 +167,14 @@ async fn a_task_that_outlived_its_container_does_not_block_a_new_machine_of_its_
     delete_only_the_record(&socket, namespace, &id).await;
     assert_eq!(runtime.inspect(&id).await.unwrap(), MachineState::Missing);
     let tasks = std::process::Command::new("ctr")
-        .args(["--address", &socket, "--namespace", namespace, "tasks", "ls"])
+        .args([
+            "--address",
+            &socket,
+            "--namespace",
+            namespace,
+            "tasks",
+            "ls",
+        ])
         .output()
         .expect("ctr runs");
     assert!(
