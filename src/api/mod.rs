@@ -49,6 +49,8 @@ pub struct AppState {
         environments::exec,
         environments::replace,
         organisation::connect_github,
+        organisation::github,
+        organisation::disconnect_github,
         openapi_document,
     ),
     modifiers(&BearerSecurity),
@@ -100,7 +102,9 @@ pub fn router(state: AppState) -> Router {
         .route(routes::ENVIRONMENT_REPLACE, post(environments::replace))
         .route(
             routes::ORGANISATION_GITHUB,
-            put(organisation::connect_github),
+            put(organisation::connect_github)
+                .get(organisation::github)
+                .delete(organisation::disconnect_github),
         )
         .route(routes::OPENAPI, get(openapi_document))
         .fallback(no_route)

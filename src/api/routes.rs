@@ -8,7 +8,7 @@ pub const ENVIRONMENT: &str = "/v1/environments/{id}";
 pub const ENVIRONMENT_EXEC: &str = "/v1/environments/{id}/exec";
 /// `POST` makes a gone environment again from its pinned digest.
 pub const ENVIRONMENT_REPLACE: &str = "/v1/environments/{id}/replace";
-/// `PUT` connects the organisation's GitHub App installation.
+/// `PUT` connects the organisation's GitHub App installation, `GET` shows it, `DELETE` disconnects it.
 pub const ORGANISATION_GITHUB: &str = "/v1/organisation/github";
 /// `GET` answers the OpenAPI document.
 pub const OPENAPI: &str = "/v1/openapi.json";

@@ -342,7 +342,7 @@ impl Environments {
                     .await?;
                 let _ = events.send(Progress::started("clone"));
                 let cloned = self
-                    .run_clone(id, &pinned, &workspace, clone, events)
+                    .run_clone(organisation, id, &pinned, &workspace, clone, events)
                     .await?;
                 let _ = events.send(Progress::finished("clone"));
                 if cloned.state != SetupState::Succeeded {

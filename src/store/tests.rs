@@ -174,14 +174,3 @@ async fn a_row_that_does_not_parse_is_a_corrupt_store_error() {
         other => panic!("expected a corrupt row, got {other:?}"),
     }
 }
-
-#[tokio::test]
-async fn installations_are_recorded_per_organisation() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
-    assert_eq!(store.installation("acme").await.unwrap(), None);
-    store.connect_installation("acme", 7, "t0").await.unwrap();
-    store.connect_installation("acme", 8, "t1").await.unwrap();
-    assert_eq!(store.installation("acme").await.unwrap(), Some(8));
-    assert_eq!(store.installation("globex").await.unwrap(), None);
-}

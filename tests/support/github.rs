@@ -23,6 +23,9 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
+use narya::client::{Answer, Client};
+
+use super::github_oauth::{self, OAuthState, UserTokenSeen};
 use super::make_key;
 
 /// The media type and API version GitHub's REST API is spoken in.
@@ -70,6 +73,7 @@ struct Shared {
     api_requests: Mutex<Vec<String>>,
     refuse_git: AtomicBool,
     git_delay: Mutex<Duration>,
+    oauth: Arc<OAuthState>,
 }
 
 /// The double; it serves until dropped with the test's runtime.
@@ -115,7 +119,13 @@ impl GitHubDouble {
             api_requests: Mutex::new(Vec::new()),
             refuse_git: AtomicBool::new(false),
             git_delay: Mutex::new(Duration::ZERO),
+            oauth: OAuthState::new(&url),
         });
+        std::fs::write(
+            dir.path().join("client-secret"),
+            format!("{}\n", shared.oauth.client_secret),
+        )
+        .unwrap();
         let app = Router::new()
             .route("/app", get(authenticated_app))
             .route("/app/installations/{id}", get(installation))
@@ -128,7 +138,8 @@ impl GitHubDouble {
             .route("/installation/token", delete(revoke_token))
             .route("/git/{*path}", any(git))
             .fallback(not_found)
-            .with_state(shared.clone());
+            .with_state(shared.clone())
+            .merge(github_oauth::router(shared.oauth.clone(), "/git"));
         tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
@@ -153,17 +164,48 @@ impl GitHubDouble {
     /// The daemon's `[github]` section for this double.
     pub fn toml(&self) -> String {
         format!(
-            "[github]\napp_id = {}\nprivate_key = {:?}\napi_url = {:?}\ngit_url = {:?}\nconnect_url = {:?}\n",
+            "[github]\napp_id = {}\nprivate_key = {:?}\nclient_id = {:?}\nclient_secret_file = {:?}\n\
+             api_url = {:?}\ngit_url = {:?}\nconnect_url = {:?}\n",
             self.app_id,
             self.key_path.display().to_string(),
+            self.shared.oauth.client_id,
+            self._dir.path().join("client-secret").display().to_string(),
             self.url,
             self.git_url(),
             self.connect_url(),
         )
     }
 
+    /// Person `login` can access `installations` (as a member of their accounts can).
+    pub fn grant(&self, login: &str, installations: &[i64]) {
+        self.shared.oauth.grant(login, installations);
+    }
+
+    /// A fresh one-time OAuth code of `login`'s, as GitHub hands it after an installation.
+    pub fn code_for(&self, login: &str) -> String {
+        self.shared.oauth.code_for(login)
+    }
+
+    /// Every user token issued so far.
+    pub fn user_tokens(&self) -> Vec<UserTokenSeen> {
+        self.shared.oauth.user_tokens()
+    }
+
+    /// Connects `client`'s organisation to `installation` as person `login`, who can access it,
+    /// with a fresh code of theirs.
+    pub async fn connect_as(&self, client: &Client, login: &str, installation: i64) -> Answer {
+        self.grant(login, &[installation]);
+        connect_with_code(client, installation, &self.code_for(login)).await
+    }
+
+    /// The most installations `GET /user/installations` answers per page.
+    pub fn set_max_per_page(&self, max: usize) {
+        self.shared.oauth.set_max_per_page(max);
+    }
+
     /// An installation of the App on `account`, selecting the repositories `selected` (names).
     pub fn install(&self, id: i64, account: &str, selected: &[&str]) {
+        self.shared.oauth.note_installation(id, account);
         self.shared.installations.lock().unwrap().insert(
             id,
             InstallationState {
@@ -242,7 +284,19 @@ impl GitHubDouble {
     }
 }
 
-fn github_error(status: StatusCode, message: &str) -> Response {
+/// `PUT /v1/organisation/github` with `installation` and `code`.
+pub async fn connect_with_code(client: &Client, installation: i64, code: &str) -> Answer {
+    client
+        .send_json(
+            axum::http::Method::PUT,
+            "/v1/organisation/github",
+            &json!({ "installation_id": installation, "code": code }),
+        )
+        .await
+        .unwrap()
+}
+
+pub(super) fn github_error(status: StatusCode, message: &str) -> Response {
     (
         status,
         Json(json!({
@@ -261,9 +315,9 @@ async fn not_found() -> Response {
 /// What GitHub requires of every REST request; the double also insists on the API version
 /// Narya asks for, so a client that forgets it is caught.
 /// A refusal as GitHub words it: status and message.
-type Refusal = (StatusCode, &'static str);
+pub(super) type Refusal = (StatusCode, &'static str);
 
-fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
+pub(super) fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
     let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if value("user-agent").is_none_or(str::is_empty) {
         return Err((
@@ -286,7 +340,7 @@ fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     value
         .strip_prefix("Bearer ")
@@ -451,6 +505,11 @@ fn granted(permission: &str, level: &Value) -> bool {
 }
 
 fn random_token() -> String {
+    format!("ghs_{}", random_tail())
+}
+
+/// 36 random letters and digits, as GitHub's tokens end.
+pub(super) fn random_tail() -> String {
     let mut bytes = [0u8; 36];
     std::fs::File::open("/dev/urandom")
         .unwrap()
@@ -461,7 +520,7 @@ fn random_token() -> String {
         .iter()
         .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
         .collect();
-    format!("ghs_{tail}")
+    tail
 }
 
 fn rfc3339(at: SystemTime) -> String {
