@@ -9,12 +9,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use base64::Engine as _;
 use hyper::{Method, StatusCode};
 use narya::client::{Answer, Client};
 use serde_json::{json, Value};
 use support::e2e::{body, create, get, unique_id, Backend, Host, NAMESPACE};
-use support::github::{connect_with_code, GitHubDouble};
+use support::github::{assert_holds_no_token, connect_with_code, GitHubDouble};
 
 /// The build script of the double's repository: what a setup builds from the clone.
 const BUILD_SH: &str =
@@ -41,30 +40,6 @@ async fn exec(client: &Client, id: &str, script: &str) -> Value {
         String::from_utf8_lossy(&answer.body)
     );
     body(&answer)
-}
-
-/// Every form the clone was given a token in: the token, and its Basic credentials.
-fn token_forms(double: &GitHubDouble) -> Vec<String> {
-    double
-        .tokens()
-        .iter()
-        .flat_map(|t| {
-            [
-                t.token.clone(),
-                base64::engine::general_purpose::STANDARD
-                    .encode(format!("x-access-token:{}", t.token)),
-            ]
-        })
-        .collect()
-}
-
-fn assert_holds_no_token(what: &str, bytes: &[u8], forms: &[String]) {
-    for form in forms {
-        assert!(
-            !bytes.windows(form.len()).any(|w| w == form.as_bytes()),
-            "{what} holds an installation token"
-        );
-    }
 }
 
 /// Every file under `dir`, `.git/` included.
@@ -251,7 +226,7 @@ async fn a_selected_repository_is_cloned_before_the_machine_and_its_token_is_kep
     );
 
     // The token is nowhere.
-    let forms = token_forms(&double);
+    let forms = double.token_forms();
     for file in files_under(&workspace) {
         if file.is_file() {
             assert_holds_no_token(
@@ -483,7 +458,7 @@ async fn a_clone_that_fails_leaves_the_environment_unusable_with_gits_output(bac
     );
     assert!(!host.workspace(&refused).join("setup-ran").exists());
 
-    let forms = token_forms(&double);
+    let forms = double.token_forms();
     assert_holds_no_token("the streamed create", raw.as_bytes(), &forms);
     assert_holds_no_token("the failed clone's answer", &answer.body, &forms);
     let tokens = double.tokens();

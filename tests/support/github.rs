@@ -263,6 +263,20 @@ impl GitHubDouble {
         self.shared.tokens.lock().unwrap().clone()
     }
 
+    /// Every form a clone could be given a token in: each token, and its Basic credentials.
+    pub fn token_forms(&self) -> Vec<String> {
+        self.tokens()
+            .iter()
+            .flat_map(|t| {
+                [
+                    t.token.clone(),
+                    base64::engine::general_purpose::STANDARD
+                        .encode(format!("x-access-token:{}", t.token)),
+                ]
+            })
+            .collect()
+    }
+
     /// Every request to the git server so far.
     pub fn git_requests(&self) -> Vec<GitRequest> {
         self.shared.git_requests.lock().unwrap().clone()
@@ -281,6 +295,16 @@ impl GitHubDouble {
     /// Makes the git server wait this long before answering.
     pub fn delay_git(&self, delay: Duration) {
         *self.shared.git_delay.lock().unwrap() = delay;
+    }
+}
+
+/// Fails naming `what` when `bytes` hold any of `forms`.
+pub fn assert_holds_no_token(what: &str, bytes: &[u8], forms: &[String]) {
+    for form in forms {
+        assert!(
+            !bytes.windows(form.len()).any(|w| w == form.as_bytes()),
+            "{what} holds an installation token"
+        );
     }
 }
 
