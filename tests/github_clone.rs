@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
-use narya_runtimes::{Runtime, ThrowawayInfo};
+use narya_runtimes::{
+    ImageSource, Network, ProcessSpec, Runtime, ThrowawayInfo, ThrowawaySpec, User,
+};
 use serde_json::json;
 use support::e2e::{body, create, get, unique_id, Backend, Host, NAMESPACE};
 use support::github::{assert_holds_no_token, GitHubDouble};
@@ -229,6 +231,58 @@ async fn a_stalled_clone_keeps_its_token_out_of_the_runtime(backend: Backend) {
     assert_holds_no_token("the daemon's log", host.daemon.log().as_bytes(), &forms);
 }
 
+/// A throwaway of an environment this daemon's store does not know, as another daemon sharing
+/// the runtime would run one; it sleeps until removed. Answers the task running it.
+async fn foreign_throwaway(
+    host: &Host,
+    environment: &str,
+    workspace: &std::path::Path,
+) -> tokio::task::JoinHandle<()> {
+    let image = host
+        .runtime
+        .ensure_image(&ImageSource {
+            reference: format!("oci-layout:{}", host.layout).parse().unwrap(),
+            pinned: None,
+        })
+        .await
+        .unwrap();
+    let spec = ThrowawaySpec {
+        name: format!("narya-clone-{environment}"),
+        image,
+        workspace: workspace.to_owned(),
+        mount_point: "/workspace".to_owned(),
+        user: User {
+            uid: 1000,
+            gid: 1000,
+        },
+        network: Network::None,
+        environment: environment.to_owned(),
+        organisation: "acme".to_owned(),
+        process: ProcessSpec {
+            argv: vec!["sleep".to_owned(), "600".to_owned()],
+            env: Default::default(),
+            cwd: None,
+            timeout: Duration::from_secs(600),
+            output_limit: 1024,
+            stdin: None,
+            output: None,
+        },
+    };
+    let runtime = host.runtime.clone();
+    let running = tokio::spawn(async move {
+        let _ = runtime.run_throwaway(&spec).await;
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while throwaways(&host.runtime, environment).await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the foreign throwaway did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running
+}
+
 async fn a_daemon_killed_during_a_clone_leaves_no_throwaway_once_back(backend: Backend) {
     let double = GitHubDouble::start().await;
     double.install(7, "acme", &["app"]);
@@ -244,6 +298,14 @@ async fn a_daemon_killed_during_a_clone_leaves_no_throwaway_once_back(backend: B
         runtime: host.runtime.clone(),
         id: id.clone(),
     };
+    // Another daemon's clone: not this store's environment, so never swept by this daemon.
+    let foreign = unique_id("foreign");
+    let _clean_up_foreign = CleanUp {
+        runtime: host.runtime.clone(),
+        id: foreign.clone(),
+    };
+    let foreign_workspace = tempfile::tempdir().unwrap();
+    let foreign_run = foreign_throwaway(&host, &foreign, foreign_workspace.path()).await;
     // The clone never gets an answer while this test runs.
     double.delay_git(Duration::from_secs(600));
     let (creating, throwaway) = clone_under_way(&host, &double, &id).await;
@@ -271,6 +333,18 @@ async fn a_daemon_killed_during_a_clone_leaves_no_throwaway_once_back(backend: B
     assert_eq!(env["setup"]["state"], "interrupted", "{env}");
     assert_eq!(env["setup"]["step"], "clone", "{env}");
     assert_eq!(host.machines_labelled(&id).await, 0, "no machine was made");
+    // Several passes of the restarted daemon's reconciler (every 2 s) left the other one alone.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        throwaways(&host.runtime, &foreign).await.len(),
+        1,
+        "another daemon's throwaway was swept"
+    );
+    host.runtime
+        .remove_throwaway(&format!("narya-clone-{foreign}"))
+        .await
+        .unwrap();
+    let _ = foreign_run.await;
 }
 
 on_both_backends!(

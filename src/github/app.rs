@@ -51,7 +51,7 @@ impl std::fmt::Debug for GitHubApp {
     }
 }
 
-/// An installation of the App, as `GET /app/installations/{id}` describes it.
+/// An installation of the App, as GitHub describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Installation {
     pub id: i64,
@@ -68,16 +68,10 @@ pub struct InstallationToken {
     pub expires_at: Option<String>,
 }
 
+/// What `GET /repos/{owner}/{name}/installation` says: which installation reaches it.
 #[derive(Deserialize)]
 struct InstallationBody {
     id: i64,
-    account: Option<AccountBody>,
-    repository_selection: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct AccountBody {
-    login: String,
 }
 
 /// Deliberately without `Debug`: it holds the token.
@@ -218,33 +212,6 @@ impl GitHubApp {
             .header(reqwest::header::ACCEPT, MEDIA_TYPE)
             .header("X-GitHub-Api-Version", API_VERSION)
             .bearer_auth(bearer.expose()))
-    }
-
-    /// `GET /app/installations/{id}`. Errors: `InstallationNotFound` on GitHub's 404;
-    /// `Unavailable`; `Refused` (e.g. the App's credentials are wrong); `Unexpected`.
-    pub async fn installation(&self, id: i64) -> Result<Installation, GitHubError> {
-        const WHAT: &str = "looking up the installation";
-        let (status, body) = self
-            .call(
-                WHAT,
-                Method::GET,
-                &format!("/app/installations/{id}"),
-                Credential::App,
-                None,
-            )
-            .await?;
-        match status {
-            StatusCode::OK => {
-                let found: InstallationBody = parse(WHAT, &body)?;
-                Ok(Installation {
-                    id: found.id,
-                    account: found.account.map(|a| a.login),
-                    repository_selection: found.repository_selection,
-                })
-            }
-            StatusCode::NOT_FOUND => Err(GitHubError::InstallationNotFound(id)),
-            other => Err(refused(WHAT, other, &body)),
-        }
     }
 
     /// `POST /app/installations/{id}/access_tokens`: a token limited to `repositories` (names
