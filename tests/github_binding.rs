@@ -171,7 +171,34 @@ async fn a_code_works_once_and_an_installation_belongs_to_one_organisation(backe
     assert_ne!(openapi["components"]["schemas"]["GitHubView"], Value::Null);
 }
 
+async fn a_host_whose_oauth_client_github_refuses_says_so(backend: Backend) {
+    let double = GitHubDouble::start().await;
+    double.install(7, "acme", &["app"]);
+    let keys = tempfile::tempdir().unwrap();
+    let wrong = keys.path().join("wrong-secret");
+    std::fs::write(&wrong, "not-the-secret\n").unwrap();
+    let toml = format!(
+        "{}client_secret_file = {:?}\n",
+        double
+            .toml()
+            .lines()
+            .filter(|l| !l.starts_with("client_secret_file"))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>(),
+        wrong.display().to_string()
+    );
+    let Some(host) = Host::start_on(backend, &toml).await else {
+        return;
+    };
+    let answer = double.connect_as(&host.acme(), "acme-admin", 7).await;
+    let message = assert_refused(&answer, StatusCode::INTERNAL_SERVER_ERROR, "NRY-0099");
+    assert!(message.contains("client_id"), "{message}");
+    assert!(!message.contains("not-the-secret"), "{message}");
+    assert!(!host.daemon.log().contains("not-the-secret"));
+}
+
 on_both_backends!(
+    a_host_whose_oauth_client_github_refuses_says_so,
     a_code_of_a_person_who_cannot_see_the_installation_proves_nothing,
     a_code_works_once_and_an_installation_belongs_to_one_organisation,
 );

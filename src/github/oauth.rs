@@ -66,6 +66,16 @@ impl GitHubApp {
         let answer: ExchangeBody = parse(WHAT, &body)?;
         match (answer.access_token, answer.error) {
             (Some(token), None) if !token.is_empty() => Ok(UserToken(Secret::new(token))),
+            // The host's fault, not the person's: said so, never taken for a bad code.
+            (_, Some(error)) if error == "incorrect_client_credentials" => {
+                Err(GitHubError::Refused {
+                    what: WHAT,
+                    status: status.as_u16(),
+                    message: "GitHub does not take this host's OAuth client: check [github] \
+                              client_id and the secret in client_secret_file"
+                        .to_owned(),
+                })
+            }
             (_, Some(error)) => Err(GitHubError::BadCode(
                 answer.error_description.unwrap_or(error),
             )),
