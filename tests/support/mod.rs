@@ -3,6 +3,7 @@
 
 pub mod e2e;
 pub mod github;
+pub mod github_git;
 pub mod github_oauth;
 pub mod idp;
 pub mod private;
