@@ -265,6 +265,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .with_metrics(metrics.clone()),
     );
     environments.mark_interrupted().await?;
+    // Clones a previous daemon died during leave their throwaways: removed before serving.
+    environments.sweep_throwaways().await;
     let reconciler = tokio::spawn(environments.clone().reconcile_forever());
     let cut = CancellationToken::new();
     let state = AppState {

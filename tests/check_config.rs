@@ -94,13 +94,16 @@ async fn a_wrong_socket_an_unreachable_identity_provider_and_a_missing_key_are_t
     // Bound and released: nothing answers there.
     let unreachable = format!("http://127.0.0.1:{}", free_port());
     let state = dir.path().join("state");
+    let secret = dir.path().join("client-secret");
+    std::fs::write(&secret, "s3cr3t\n").unwrap();
     let config = format!(
         "state_dir = {state:?}\n\n\
          [listen]\nsocket = {socket:?}\n\n\
          [identity]\nissuer = {unreachable:?}\naudience = \"narya\"\n\n\
          [runtime]\ncontainerd_socket = {runtime:?}\n\n\
          [image]\nreference = {reference:?}\n\n\
-         [github]\napp_id = 1\nprivate_key = {key:?}\napi_url = {unreachable:?}\n",
+         [github]\napp_id = 1\nprivate_key = {key:?}\nclient_id = \"Iv1.check\"\n\
+         client_secret_file = {secret:?}\napi_url = {unreachable:?}\n",
         state = state.display().to_string(),
         socket = dir.path().join("run/narya.sock").display().to_string(),
         runtime = dir
@@ -109,6 +112,7 @@ async fn a_wrong_socket_an_unreachable_identity_provider_and_a_missing_key_are_t
             .display()
             .to_string(),
         key = dir.path().join("missing.pem").display().to_string(),
+        secret = secret.display().to_string(),
     );
     let path = dir.path().join("naryad.toml");
     std::fs::write(&path, config).unwrap();

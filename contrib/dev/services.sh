@@ -122,6 +122,9 @@ case "${1:-start}" in
     echo "export NARYA_TEST_CONTAINERD_SOCKET=$CONTAINERD_SOCK"
     echo "export NARYA_TEST_DOCKER_SOCKET=$DOCKER_SOCK"
     echo "export NARYA_TEST_REGISTRY=$NARYA_REGISTRY"
+    # Where the runtimes keep their state, for tests that look for what must never be there.
+    echo "export NARYA_RUN_DIR=$NARYA_RUN_DIR"
+    echo "export NARYA_DATA_DIR=$NARYA_DATA_DIR"
     exit 0
     ;;
   *)

@@ -75,7 +75,9 @@ pub fn marked(init: u32, entry: &str) -> Vec<u32> {
 /// again until none is left (a marked process may fork while it is being killed), a few times
 /// at most. Returns how many were killed.
 pub fn kill_marked(init: u32, entry: &str) -> usize {
-    let mut killed = 0;
+    // A process killed in one round may not have ended by the next: it is signalled again but
+    // counted once.
+    let mut killed = std::collections::BTreeSet::new();
     for _ in 0..5 {
         let found = marked(init, entry);
         let alive: Vec<u32> = found.into_iter().filter(|p| !is_zombie(*p)).collect();
@@ -85,12 +87,12 @@ pub fn kill_marked(init: u32, entry: &str) -> usize {
         for pid in alive {
             if let Ok(raw) = i32::try_from(pid) {
                 if kill(Pid::from_raw(raw), Signal::SIGKILL).is_ok() {
-                    killed += 1;
+                    killed.insert(pid);
                 }
             }
         }
     }
-    killed
+    killed.len()
 }
 
 /// Whether `pid` has ended and waits for its parent to reap it.

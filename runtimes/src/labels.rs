@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use crate::{
-    ErrorKind, MachineInfo, MachineSpec, MachineState, ProcessSpec, Result, RuntimeError, User,
+    ErrorKind, MachineInfo, MachineSpec, MachineState, ProcessSpec, Result, RuntimeError,
+    ThrowawayInfo, ThrowawaySpec, User,
 };
 
 /// The label every Narya machine carries, valued with its environment's identifier.
@@ -16,8 +17,9 @@ pub const LABEL_ORGANISATION: &str = "dev.narya.organisation";
 const LABEL_MACHINE: &str = "dev.narya.machine";
 /// The label carrying the pinned manifest digest a machine was made from.
 pub const LABEL_DIGEST: &str = "dev.narya.image-digest";
-/// Marks containers that exist only for one command (clones), never machines.
-const LABEL_THROWAWAY: &str = "dev.narya.throwaway";
+/// Marks containers that exist only for one command (clones), never machines; valued with the
+/// throwaway's name.
+pub const LABEL_THROWAWAY: &str = "dev.narya.throwaway";
 /// Where the workspace is mounted inside, so execs default to it.
 const LABEL_WORKSPACE: &str = "dev.narya.workspace";
 /// The user machines run as, so execs after a daemon restart run as the same one.
@@ -35,9 +37,32 @@ pub(crate) fn machine_labels(spec: &MachineSpec) -> HashMap<String, String> {
     labels
 }
 
-/// The labels of throwaway `name`: never those of a machine, so listings pass it over.
-pub(crate) fn throwaway_labels(name: &str) -> HashMap<String, String> {
-    HashMap::from([(LABEL_THROWAWAY.to_owned(), name.to_owned())])
+/// The labels of throwaway `spec`: its name, and the environment and organisation it works
+/// for; never a machine, so machine listings pass it over.
+pub(crate) fn throwaway_labels(spec: &ThrowawaySpec) -> HashMap<String, String> {
+    HashMap::from([
+        (LABEL_THROWAWAY.to_owned(), spec.name.clone()),
+        (LABEL_ENVIRONMENT.to_owned(), spec.environment.clone()),
+        (LABEL_ORGANISATION.to_owned(), spec.organisation.clone()),
+    ])
+}
+
+/// The throwaways among `found` (each container's labels), by name.
+pub(crate) fn throwaways(
+    found: impl IntoIterator<Item = HashMap<String, String>>,
+) -> Vec<ThrowawayInfo> {
+    let mut throwaways: Vec<ThrowawayInfo> = found
+        .into_iter()
+        .filter_map(|labels| {
+            Some(ThrowawayInfo {
+                name: labels.get(LABEL_THROWAWAY)?.clone(),
+                environment: labels.get(LABEL_ENVIRONMENT).cloned(),
+                organisation: labels.get(LABEL_ORGANISATION).cloned(),
+            })
+        })
+        .collect();
+    throwaways.sort_by(|a, b| a.name.cmp(&b.name));
+    throwaways
 }
 
 /// Whether `labels` mark machine `id`, not merely a namesake.
@@ -45,8 +70,12 @@ pub(crate) fn is_machine(labels: &HashMap<String, String>, id: &str) -> bool {
     machine_name(labels) == Some(id)
 }
 
-/// The name a machine with `labels` was made under; `None` for a container that is no machine.
+/// The name a machine with `labels` was made under; `None` for a container that is no machine
+/// (a throwaway carries its environment's label too).
 pub(crate) fn machine_name(labels: &HashMap<String, String>) -> Option<&str> {
+    if labels.contains_key(LABEL_THROWAWAY) {
+        return None;
+    }
     labels
         .get(LABEL_MACHINE)
         .or_else(|| labels.get(LABEL_ENVIRONMENT))
@@ -210,11 +239,31 @@ mod tests {
     }
 
     #[test]
-    fn a_throwaway_is_no_machine() {
-        let labels = throwaway_labels("env-1-clone");
-        assert!(is_throwaway(&labels, "env-1-clone"));
-        assert!(!is_machine(&labels, "env-1-clone"));
-        assert!(machines([(labels, MachineState::Running)]).is_empty());
+    fn a_throwaway_is_no_machine_and_names_its_environment() {
+        let throwaway = ThrowawaySpec {
+            name: "narya-clone-1".to_owned(),
+            image: spec().image,
+            workspace: "/srv/env-1".into(),
+            mount_point: "/workspace".to_owned(),
+            user: spec().user,
+            network: Network::Host,
+            environment: "env-1".to_owned(),
+            organisation: "acme".to_owned(),
+            process: process(None),
+        };
+        let labels = throwaway_labels(&throwaway);
+        assert!(is_throwaway(&labels, "narya-clone-1"));
+        assert!(!is_machine(&labels, "narya-clone-1"));
+        assert!(!is_machine(&labels, "env-1"));
+        assert!(machines([(labels.clone(), MachineState::Running)]).is_empty());
+        assert_eq!(
+            throwaways([labels, machine_labels(&spec())]),
+            [ThrowawayInfo {
+                name: "narya-clone-1".to_owned(),
+                environment: Some("env-1".to_owned()),
+                organisation: Some("acme".to_owned()),
+            }]
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ mod labels;
 mod pinning;
 mod watch;
 
-pub use labels::{LABEL_DIGEST, LABEL_ENVIRONMENT, LABEL_ORGANISATION};
+pub use labels::{LABEL_DIGEST, LABEL_ENVIRONMENT, LABEL_ORGANISATION, LABEL_THROWAWAY};
 
 /// The underlying failure a [`RuntimeError`] carries as its source.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -230,8 +230,22 @@ pub struct ThrowawaySpec {
     pub mount_point: String,
     pub user: User,
     pub network: Network,
-    /// The process; its `env` is the only place secrets given to it live.
+    /// The environment it works for and that environment's organisation, labelled on it so that
+    /// one left behind by a daemon that died can be found and removed.
+    pub environment: String,
+    pub organisation: String,
+    /// The process. Secrets go on its `stdin`, which no runtime records, never in its `env`
+    /// or `argv`, which the runtime's records (spec, `inspect`) keep.
     pub process: ProcessSpec,
+}
+
+/// A throwaway container found in the runtime, by its labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThrowawayInfo {
+    /// Its name, as `ThrowawaySpec::name` gave it.
+    pub name: String,
+    pub environment: Option<String>,
+    pub organisation: Option<String>,
 }
 
 /// What became of one process.
@@ -304,6 +318,14 @@ pub trait Runtime: Send + Sync {
 
     /// Runs one process in a throwaway container and removes the container whatever happened.
     async fn run_throwaway(&self, spec: &ThrowawaySpec) -> Result<ProcessOutcome>;
+
+    /// Every throwaway container in the runtime, running or not: those a daemon that died
+    /// mid-run left behind among them. Errors: `Unavailable`.
+    async fn list_throwaways(&self) -> Result<Vec<ThrowawayInfo>>;
+
+    /// Kills and removes throwaway `name` (and nothing that is not a throwaway of that name).
+    /// Idempotent. Errors: `Unavailable`; `Other`.
+    async fn remove_throwaway(&self, name: &str) -> Result<()>;
 
     /// The machine's state; `Missing` only when the runtime answered that it has no such machine.
     /// Errors: `Unavailable`, never `Missing`, when the runtime is not answering.

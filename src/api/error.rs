@@ -111,6 +111,9 @@ fn organisation_parts(o: &OrganisationError) -> (StatusCode, &'static str) {
             (FORBIDDEN, "NRY-0050")
         }
         O::RepositoryNotSelected { .. } => (FORBIDDEN, "NRY-0051"),
+        O::NotProved { .. } => (FORBIDDEN, "NRY-0052"),
+        O::HeldByAnother { .. } => (CONFLICT, "NRY-0053"),
+        O::NoInstallation { .. } => (NOT_FOUND, "NRY-0030"),
         // The contract has one code for a dependency that is not answering.
         O::GitHubUnavailable(_) => (UNAVAILABLE, "NRY-0060"),
         O::GitHub(_) | O::Store(_) => INTERNAL,

@@ -53,6 +53,8 @@ pub struct AppState {
         environments::replace,
         events::events,
         organisation::connect_github,
+        organisation::github,
+        organisation::disconnect_github,
         openapi_document,
     ),
     modifiers(&BearerSecurity),
@@ -105,7 +107,9 @@ pub fn router(state: AppState) -> Router {
         .route(routes::EVENTS, get(events::events))
         .route(
             routes::ORGANISATION_GITHUB,
-            put(organisation::connect_github),
+            put(organisation::connect_github)
+                .get(organisation::github)
+                .delete(organisation::disconnect_github),
         )
         .route(routes::OPENAPI, get(openapi_document))
         .fallback(no_route)

@@ -10,7 +10,7 @@ pub const ENVIRONMENT_EXEC: &str = "/v1/environments/{id}/exec";
 pub const ENVIRONMENT_REPLACE: &str = "/v1/environments/{id}/replace";
 /// `GET` streams the organisation's status changes.
 pub const EVENTS: &str = "/v1/events";
-/// `PUT` connects the organisation's GitHub App installation.
+/// `PUT` connects the organisation's GitHub App installation, `GET` shows it, `DELETE` disconnects it.
 pub const ORGANISATION_GITHUB: &str = "/v1/organisation/github";
 /// `GET` answers the OpenAPI document.
 pub const OPENAPI: &str = "/v1/openapi.json";

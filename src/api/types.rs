@@ -118,11 +118,23 @@ pub struct ExecResult {
     pub duration_ms: u64,
 }
 
-/// The organisation's GitHub App installation.
+/// The organisation's GitHub App installation, and the proof that the person connecting it can
+/// access it.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectGitHubBody {
     pub installation_id: u64,
+    /// The one-time OAuth code GitHub hands the person after they install the App (the App's
+    /// setup URL receives it with `installation_id`).
+    pub code: String,
+}
+
+/// The organisation's connected GitHub App installation.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct GitHubView {
+    pub installation_id: i64,
+    /// The login of the GitHub account the installation belongs to.
+    pub account: Option<String>,
 }
 
 impl From<Status> for StatusView {

@@ -100,8 +100,18 @@ enum EnvCommand {
 
 #[derive(Subcommand)]
 enum GithubCommand {
-    /// Connect the organisation's GitHub App installation.
-    Connect { installation_id: u64 },
+    /// Connect the organisation's GitHub App installation, with the code GitHub handed you
+    /// after installing the App (its setup page passes both on).
+    Connect {
+        installation_id: u64,
+        /// The one-time OAuth code that proves you can access the installation.
+        #[arg(long)]
+        code: String,
+    },
+    /// Show the connected installation and its GitHub account.
+    Show,
+    /// Disconnect the installation: repository-carrying creates are refused from then on.
+    Disconnect,
 }
 
 #[derive(Subcommand)]
@@ -190,14 +200,7 @@ async fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let client = Client::new(endpoint, Some(token));
     match &cli.command {
         Command::Env(env) => run_env(&client, env, cli.json).await,
-        Command::Github(GithubCommand::Connect { installation_id }) => {
-            let body = ConnectGitHubBody {
-                installation_id: *installation_id,
-            };
-            client.connect_github(&body).await?;
-            println!("connected GitHub installation {installation_id}");
-            Ok(Outcome::Done)
-        }
+        Command::Github(github) => run_github(&client, github, cli.json).await,
         Command::Dev(_) => Ok(Outcome::Done),
     }
 }
@@ -206,6 +209,43 @@ async fn run(cli: Cli) -> anyhow::Result<Outcome> {
 fn usage(message: String) -> anyhow::Error {
     eprintln!("narya: {message}");
     std::process::exit(2)
+}
+
+async fn run_github(
+    client: &Client,
+    command: &GithubCommand,
+    json_out: bool,
+) -> anyhow::Result<Outcome> {
+    match command {
+        GithubCommand::Connect {
+            installation_id,
+            code,
+        } => {
+            let body = ConnectGitHubBody {
+                installation_id: *installation_id,
+                code: code.clone(),
+            };
+            client.connect_github(&body).await?;
+            println!("connected GitHub installation {installation_id}");
+        }
+        GithubCommand::Show => {
+            let connected = client.github().await?;
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&connected)?);
+            } else {
+                println!(
+                    "GitHub installation {} of {}",
+                    connected.installation_id,
+                    connected.account.as_deref().unwrap_or("an unnamed account")
+                );
+            }
+        }
+        GithubCommand::Disconnect => {
+            client.disconnect_github().await?;
+            println!("disconnected the GitHub installation");
+        }
+    }
+    Ok(Outcome::Done)
 }
 
 async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyhow::Result<Outcome> {

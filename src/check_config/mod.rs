@@ -118,11 +118,13 @@ fn local(config: &Config) -> Vec<Finding> {
         });
     }
     if let Some(github) = &config.github {
-        if let Err(e) = paths::file_to_read(&github.private_key) {
-            findings.push(Finding::problem(format!(
-                "github.private_key {}: {e}",
-                github.private_key.display()
-            )));
+        for (key, path) in [
+            ("github.private_key", &github.private_key),
+            ("github.client_secret_file", &github.client_secret_file),
+        ] {
+            if let Err(e) = paths::file_to_read(path) {
+                findings.push(Finding::problem(format!("{key} {}: {e}", path.display())));
+            }
         }
     }
     findings
@@ -211,11 +213,12 @@ async fn image(config: &Config) -> Finding {
     }
 }
 
-/// `None` when no `[github]` section is configured, or its key file was already found
-/// missing (one line per problem).
+/// `None` when no `[github]` section is configured, or its key or client secret file was
+/// already found missing (one line per problem).
 async fn github(config: &Config) -> Option<Finding> {
     let github = config.github.as_ref()?;
     paths::file_to_read(&github.private_key).ok()?;
+    paths::file_to_read(&github.client_secret_file).ok()?;
     let app = match GitHubApp::new(github) {
         Ok(app) => app,
         Err(e) => return Some(Finding::problem(format!("github: {e}"))),

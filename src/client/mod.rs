@@ -10,6 +10,7 @@ use hyper::{Method, StatusCode};
 use crate::api::routes;
 use crate::api::types::{
     ConnectGitHubBody, CreateBody, EnvironmentList, EnvironmentView, ExecBody, ExecResult,
+    GitHubView,
 };
 use crate::api::ErrorBody;
 pub use http::{Answer, Streamed};
@@ -202,6 +203,23 @@ impl Client {
     /// Connects the organisation's GitHub App installation.
     pub async fn connect_github(&self, body: &ConnectGitHubBody) -> Result<(), ClientError> {
         self.send_json(Method::PUT, routes::ORGANISATION_GITHUB, body)
+            .await?
+            .success()?;
+        Ok(())
+    }
+
+    /// The organisation's connected GitHub App installation.
+    pub async fn github(&self) -> Result<GitHubView, ClientError> {
+        let answer = self
+            .send(Method::GET, routes::ORGANISATION_GITHUB, None)
+            .await?
+            .success()?;
+        answer.decode("a GitHub installation")
+    }
+
+    /// Disconnects the organisation's GitHub App installation.
+    pub async fn disconnect_github(&self) -> Result<(), ClientError> {
+        self.send(Method::DELETE, routes::ORGANISATION_GITHUB, None)
             .await?
             .success()?;
         Ok(())

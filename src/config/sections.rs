@@ -141,6 +141,9 @@ pub struct EnvironmentConfig {
 pub struct GitHub {
     pub app_id: u64,
     pub private_key: PathBuf,
+    /// The App's OAuth client, with which the person connecting an installation proves it.
+    pub client_id: String,
+    pub client_secret_file: PathBuf,
     #[serde(default = "default_github_api_url")]
     pub api_url: String,
     #[serde(default = "default_github_git_url")]

@@ -32,11 +32,13 @@ impl Environments {
     /// Clones the repository into the (empty) workspace before the machine exists: `git clone`
     /// in a throwaway container of the pinned image, as the environment's user, bounded by
     /// `environment.clone_timeout`, with a token minted for this one clone (that repository,
-    /// `contents: read`) living only in that process's environment and revoked right after.
+    /// `contents: read`) given only on that process's standard input and revoked right after.
+    /// The throwaway is labelled with the environment, so one a dead daemon left is swept.
     /// A clone that fails is answered as a record, like a failed setup; only a runtime that
     /// fails is an error.
     pub(super) async fn run_clone(
         &self,
+        organisation: &str,
         id: &EnvironmentId,
         image: &PinnedImage,
         workspace: &Path,
@@ -92,13 +94,20 @@ impl Environments {
             user: env.user,
             // The clone must reach GitHub whatever network the machine itself is given.
             network: Network::Host,
+            environment: id.as_str().to_owned(),
+            organisation: organisation.to_owned(),
             process: ProcessSpec {
-                argv: github::clone_argv(&github.clone_url(&source.repository), &env.workspace),
-                env: github::clone_env(github.git_url(), &token.token),
+                argv: github::clone_argv(
+                    github.git_url(),
+                    &github.clone_url(&source.repository),
+                    &env.workspace,
+                ),
+                env: github::clone_env(),
                 cwd: None,
                 timeout: env.clone_timeout.0,
                 output_limit: env.output_limit,
-                stdin: None,
+                // The one channel no runtime records.
+                stdin: Some(github::clone_stdin(&token.token)),
                 output: Some(chunks),
             },
         };

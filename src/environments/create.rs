@@ -351,7 +351,7 @@ impl Environments {
                     .set_step(organisation, id, SetupStep::Clone, &now_rfc3339())
                     .await?;
                 let _ = events.send(Progress::started("clone"));
-                let cloned = self.run_clone(id, &pinned, &workspace, clone, events);
+                let cloned = self.run_clone(organisation, id, &pinned, &workspace, clone, events);
                 let cloned = self.metrics.create_step("clone", cloned).await?;
                 let _ = events.send(Progress::finished("clone"));
                 if cloned.state != SetupState::Succeeded {

@@ -23,6 +23,7 @@ mod reconcile;
 mod replace;
 mod request;
 mod setup;
+mod sweep;
 #[cfg(test)]
 mod tests;
 

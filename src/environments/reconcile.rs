@@ -214,6 +214,7 @@ impl Environments {
             }
             Err(e) => return Err(e.to_string()),
         };
+        self.sweep_throwaways().await;
         let by_name: HashMap<&str, &MachineInfo> =
             machines.iter().map(|m| (m.id.as_str(), m)).collect();
         for row in rows.iter().filter(|r| {

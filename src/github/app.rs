@@ -4,6 +4,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -13,8 +14,8 @@ use crate::config;
 use crate::model::Repository;
 
 /// The REST API version every request asks for.
-const API_VERSION: &str = "2022-11-28";
-const MEDIA_TYPE: &str = "application/vnd.github+json";
+pub(super) const API_VERSION: &str = "2022-11-28";
+pub(super) const MEDIA_TYPE: &str = "application/vnd.github+json";
 /// GitHub refuses requests without a User-Agent.
 const USER_AGENT: &str = concat!("narya-host/", env!("CARGO_PKG_VERSION"));
 /// The App's JWT is dated a minute back against clock drift, and lives well inside the ten
@@ -28,10 +29,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct GitHubApp {
     app_id: u64,
     key: EncodingKey,
-    api_url: String,
+    /// The App's OAuth client, which exchanges the code of a person connecting an installation.
+    pub(super) client_id: String,
+    pub(super) client_secret: Secret,
+    pub(super) api_url: String,
     git_url: String,
     connect_url: String,
-    http: reqwest::Client,
+    pub(super) http: reqwest::Client,
 }
 
 impl std::fmt::Debug for GitHubApp {
@@ -39,13 +43,15 @@ impl std::fmt::Debug for GitHubApp {
         f.debug_struct("GitHubApp")
             .field("app_id", &self.app_id)
             .field("key", &"[redacted]")
+            .field("client_id", &self.client_id)
+            .field("client_secret", &self.client_secret)
             .field("api_url", &self.api_url)
             .field("git_url", &self.git_url)
             .finish()
     }
 }
 
-/// An installation of the App, as `GET /app/installations/{id}` describes it.
+/// An installation of the App, as GitHub describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Installation {
     pub id: i64,
@@ -62,16 +68,10 @@ pub struct InstallationToken {
     pub expires_at: Option<String>,
 }
 
+/// What `GET /repos/{owner}/{name}/installation` says: which installation reaches it.
 #[derive(Deserialize)]
 struct InstallationBody {
     id: i64,
-    account: Option<AccountBody>,
-    repository_selection: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct AccountBody {
-    login: String,
 }
 
 /// Deliberately without `Debug`: it holds the token.
@@ -82,9 +82,11 @@ struct TokenBody {
 }
 
 /// How to authenticate one request.
-enum Credential<'a> {
+pub(super) enum Credential<'a> {
+    /// The App's own JWT.
     App,
-    Installation(&'a Secret),
+    /// An installation token, or a person's user token.
+    Token(&'a Secret),
 }
 
 impl GitHubApp {
@@ -96,6 +98,7 @@ impl GitHubApp {
             reason,
         };
         let pem = std::fs::read(&config.private_key).map_err(|e| key_error(e.to_string()))?;
+        let client_secret = read_client_secret(&config.client_secret_file)?;
         let key = EncodingKey::from_rsa_pem(&pem).map_err(|_| {
             key_error("it is not an RSA private key in PEM form, as GitHub gives it".to_owned())
         })?;
@@ -110,6 +113,8 @@ impl GitHubApp {
         let app = GitHubApp {
             app_id: config.app_id,
             key,
+            client_id: config.client_id.clone(),
+            client_secret,
             api_url: config.api_url.trim_end_matches('/').to_owned(),
             git_url: config.git_url.trim_end_matches('/').to_owned(),
             connect_url: config.connect_url.clone(),
@@ -162,7 +167,7 @@ impl GitHubApp {
 
     /// One request with GitHub's headers; a GitHub that cannot be reached or answers 5xx is
     /// `Unavailable`, any other answer is the caller's to read.
-    async fn call(
+    pub(super) async fn call(
         &self,
         what: &'static str,
         method: Method,
@@ -170,58 +175,43 @@ impl GitHubApp {
         credential: Credential<'_>,
         body: Option<&Value>,
     ) -> Result<(StatusCode, Vec<u8>), GitHubError> {
+        let request = self.request(method, path, credential)?;
+        let request = match body {
+            Some(body) => request.json(body),
+            None => request,
+        };
+        let (status, _, bytes) = send(what, request).await?;
+        Ok((status, bytes))
+    }
+
+    /// `call` without a body, answering the response's headers too (for `Link`).
+    pub(super) async fn call_with_headers(
+        &self,
+        what: &'static str,
+        method: Method,
+        path: &str,
+        credential: Credential<'_>,
+    ) -> Result<(StatusCode, HeaderMap, Vec<u8>), GitHubError> {
+        send(what, self.request(method, path, credential)?).await
+    }
+
+    /// A request to `{api_url}{path}` with GitHub's headers and `credential`.
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        credential: Credential<'_>,
+    ) -> Result<reqwest::RequestBuilder, GitHubError> {
         let bearer = match credential {
             Credential::App => self.app_jwt()?,
-            Credential::Installation(token) => token.clone(),
+            Credential::Token(token) => token.clone(),
         };
-        let mut request = self
+        Ok(self
             .http
             .request(method, format!("{}{path}", self.api_url))
             .header(reqwest::header::ACCEPT, MEDIA_TYPE)
             .header("X-GitHub-Api-Version", API_VERSION)
-            .bearer_auth(bearer.expose());
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let unavailable =
-            |e: reqwest::Error| GitHubError::Unavailable(format!("{what}: {}", chain(&e)));
-        let response = request.send().await.map_err(unavailable)?;
-        let status = response.status();
-        let bytes = response.bytes().await.map_err(unavailable)?.to_vec();
-        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-            return Err(GitHubError::Unavailable(format!(
-                "{what}: {status}: {}",
-                message_of(&bytes)
-            )));
-        }
-        Ok((status, bytes))
-    }
-
-    /// `GET /app/installations/{id}`. Errors: `InstallationNotFound` on GitHub's 404;
-    /// `Unavailable`; `Refused` (e.g. the App's credentials are wrong); `Unexpected`.
-    pub async fn installation(&self, id: i64) -> Result<Installation, GitHubError> {
-        const WHAT: &str = "looking up the installation";
-        let (status, body) = self
-            .call(
-                WHAT,
-                Method::GET,
-                &format!("/app/installations/{id}"),
-                Credential::App,
-                None,
-            )
-            .await?;
-        match status {
-            StatusCode::OK => {
-                let found: InstallationBody = parse(WHAT, &body)?;
-                Ok(Installation {
-                    id: found.id,
-                    account: found.account.map(|a| a.login),
-                    repository_selection: found.repository_selection,
-                })
-            }
-            StatusCode::NOT_FOUND => Err(GitHubError::InstallationNotFound(id)),
-            other => Err(refused(WHAT, other, &body)),
-        }
+            .bearer_auth(bearer.expose()))
     }
 
     /// `POST /app/installations/{id}/access_tokens`: a token limited to `repositories` (names
@@ -279,7 +269,7 @@ impl GitHubApp {
                 WHAT,
                 Method::DELETE,
                 "/installation/token",
-                Credential::Installation(token),
+                Credential::Token(token),
                 None,
             )
             .await?;
@@ -345,7 +335,41 @@ impl GitHubApp {
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned>(
+/// Sends `request`; a GitHub that cannot be reached or answers 5xx or 429 is `Unavailable`.
+pub(super) async fn send(
+    what: &'static str,
+    request: reqwest::RequestBuilder,
+) -> Result<(StatusCode, HeaderMap, Vec<u8>), GitHubError> {
+    let unavailable =
+        |e: reqwest::Error| GitHubError::Unavailable(format!("{what}: {}", chain(&e)));
+    let response = request.send().await.map_err(unavailable)?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await.map_err(unavailable)?.to_vec();
+    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+        return Err(GitHubError::Unavailable(format!(
+            "{what}: {status}: {}",
+            message_of(&bytes)
+        )));
+    }
+    Ok((status, headers, bytes))
+}
+
+/// The OAuth client secret: the file's first line, which must not be empty.
+fn read_client_secret(path: &std::path::Path) -> Result<Secret, GitHubError> {
+    let error = |reason: String| GitHubError::ClientSecret {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+    let secret = text.lines().next().unwrap_or_default().trim();
+    if secret.is_empty() {
+        return Err(error("it is empty".to_owned()));
+    }
+    Ok(Secret::new(secret.to_owned()))
+}
+
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
     what: &'static str,
     body: &[u8],
 ) -> Result<T, GitHubError> {
@@ -355,7 +379,7 @@ fn parse<T: serde::de::DeserializeOwned>(
     })
 }
 
-fn refused(what: &'static str, status: StatusCode, body: &[u8]) -> GitHubError {
+pub(super) fn refused(what: &'static str, status: StatusCode, body: &[u8]) -> GitHubError {
     GitHubError::Refused {
         what,
         status: status.as_u16(),
@@ -364,7 +388,7 @@ fn refused(what: &'static str, status: StatusCode, body: &[u8]) -> GitHubError {
 }
 
 /// GitHub's error `message`, or the start of whatever it sent.
-fn message_of(body: &[u8]) -> String {
+pub(super) fn message_of(body: &[u8]) -> String {
     #[derive(Deserialize)]
     struct ErrorBody {
         message: String,
@@ -409,9 +433,13 @@ mod tests {
             "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n",
         )
         .unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "s3cr3t\n").unwrap();
         let config = config::GitHub {
             app_id: 1,
             private_key: path,
+            client_id: "Iv1.test".to_owned(),
+            client_secret_file: secret,
             api_url: "https://api.github.com".to_owned(),
             git_url: "https://github.com".to_owned(),
             connect_url: "https://github.com/apps/narya/installations/new".to_owned(),

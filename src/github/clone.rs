@@ -1,5 +1,5 @@
-//! The clone command: its throwaway container's name, its argv and environment (the one place
-//! the installation token lives), and its output with the token taken out.
+//! The clone command: its throwaway container's name, its argv and environment (which hold no
+//! secret), the token it reads on its standard input, and its output with the token taken out.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,41 +40,55 @@ pub fn throwaway_name(id: &str) -> String {
     format!("narya-clone-{}", &hex[..52])
 }
 
-/// `git clone -- URL INTO`: the URL carries no credential, so none reaches `.git/config`.
-pub fn clone_argv(url: &str, into: &str) -> Vec<String> {
-    ["git", "clone", "--", url, into]
-        .map(str::to_owned)
-        .to_vec()
+/// The clone's shell: it reads the token from its standard input (the one channel no runtime
+/// records), then runs `git clone` with a credential helper that reads it from an inherited
+/// pipe (fd 3), fed with the token for as long as git asks. So no argv, environment variable,
+/// label, container spec or file ever holds it; the shell's variable is unexported.
+/// Arguments: `$1` the helper's config key, `$2` the helper, `$3` the URL, `$4` the directory.
+const CLONE_SCRIPT: &str = r#"IFS= read -r token || { echo "narya: no credential on standard input" >&2; exit 2; }
+exec </dev/null
+while printf '%s\n' "$token"; do :; done | {
+    exec 3<&0 </dev/null
+    exec git -c credential.helper= -c "$1=$2" clone -- "$3" "$4"
+}"#;
+
+/// The credential helper: on `get`, one line of fd 3 as the password of `x-access-token`
+/// (how git hosts take an installation token); `store` and `erase` are ignored.
+const CREDENTIAL_HELPER: &str = r#"!f() { test "$1" = get || exit 0; IFS= read -r t <&3 || exit 0; printf 'username=x-access-token\npassword=%s\n' "$t"; }; f"#;
+
+/// `git clone -- URL INTO` through [`CLONE_SCRIPT`]; the credential helper answers only for
+/// `git_url`'s origin, and the URL carries no credential, so none reaches `.git/config`.
+pub fn clone_argv(git_url: &str, url: &str, into: &str) -> Vec<String> {
+    let origin = reqwest::Url::parse(git_url)
+        .map(|u| u.origin().ascii_serialization())
+        .unwrap_or_else(|_| git_url.trim_end_matches('/').to_owned());
+    vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        CLONE_SCRIPT.to_owned(),
+        "narya-clone".to_owned(),
+        format!("credential.{origin}.helper"),
+        CREDENTIAL_HELPER.to_owned(),
+        url.to_owned(),
+        into.to_owned(),
+    ]
 }
 
-/// `x-access-token:TOKEN` as HTTP Basic credentials, which is how git hosts take an
-/// installation token.
+/// What the clone reads on its standard input: the token, one line.
+pub fn clone_stdin(token: &Secret) -> Vec<u8> {
+    format!("{}\n", token.expose()).into_bytes()
+}
+
+/// `x-access-token:TOKEN` as HTTP Basic credentials, which is how git sends the token: output
+/// holding it in this form is redacted too.
 fn basic_credentials(token: &Secret) -> String {
     base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{}", token.expose()))
 }
 
-/// The clone process's environment: the token as an `Authorization` header that git sends only
-/// to `git_url`, given through `GIT_CONFIG_*` so it is written to no file; no credential helper
-/// and no prompt, so a refused token fails at once instead of waiting for a person.
-pub fn clone_env(git_url: &str, token: &Secret) -> BTreeMap<String, String> {
-    let scope = format!("{}/", git_url.trim_end_matches('/'));
-    BTreeMap::from([
-        ("GIT_TERMINAL_PROMPT".to_owned(), "0".to_owned()),
-        ("GIT_CONFIG_COUNT".to_owned(), "2".to_owned()),
-        (
-            "GIT_CONFIG_KEY_0".to_owned(),
-            format!("http.{scope}.extraHeader"),
-        ),
-        (
-            "GIT_CONFIG_VALUE_0".to_owned(),
-            format!("Authorization: Basic {}", basic_credentials(token)),
-        ),
-        (
-            "GIT_CONFIG_KEY_1".to_owned(),
-            "credential.helper".to_owned(),
-        ),
-        ("GIT_CONFIG_VALUE_1".to_owned(), String::new()),
-    ])
+/// The clone process's environment: no prompt, so a refused token fails at once instead of
+/// waiting for a person. It holds no secret.
+pub fn clone_env() -> BTreeMap<String, String> {
+    BTreeMap::from([("GIT_TERMINAL_PROMPT".to_owned(), "0".to_owned())])
 }
 
 /// Whether `config` (a `.git/config`) holds the token in any form the clone was given it.
@@ -192,25 +206,65 @@ mod tests {
     }
 
     #[test]
-    fn the_token_is_a_header_for_the_git_host_only() {
-        let env = clone_env("https://github.com/", &token());
-        assert_eq!(
-            env["GIT_CONFIG_KEY_0"],
-            "http.https://github.com/.extraHeader"
+    fn the_token_goes_on_standard_input_only() {
+        let argv = clone_argv(
+            "https://github.com/",
+            "https://github.com/acme/app.git",
+            "/workspace",
         );
-        let header = &env["GIT_CONFIG_VALUE_0"];
-        let encoded = header.strip_prefix("Authorization: Basic ").unwrap();
-        let decoded = base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .unwrap();
-        assert_eq!(
-            decoded,
-            format!("x-access-token:{}", token().expose()).into_bytes()
-        );
+        assert_eq!(argv[4], "credential.https://github.com.helper");
+        assert_eq!(argv[6..], ["https://github.com/acme/app.git", "/workspace"]);
+        let env = clone_env();
         assert_eq!(env["GIT_TERMINAL_PROMPT"], "0");
-        assert_eq!(env["GIT_CONFIG_COUNT"], "2");
-        let argv = clone_argv("https://github.com/acme/app.git", "/workspace");
-        assert!(argv.iter().all(|a| !a.contains(token().expose())));
+        for text in argv.iter().chain(env.values()) {
+            assert!(!text.contains(token().expose()), "{text}");
+            assert!(!text.contains(&basic_credentials(&token())), "{text}");
+        }
+        assert_eq!(
+            clone_stdin(&token()),
+            format!("{}\n", token().expose()).into_bytes()
+        );
+        let local = clone_argv("http://127.0.0.1:8080/git", "u", "d");
+        assert_eq!(local[4], "credential.http://127.0.0.1:8080.helper");
+    }
+
+    /// The script and helper run as they will in the throwaway: a fake `git` on PATH reports
+    /// what the credential helper answers, asked twice.
+    #[test]
+    fn the_helper_answers_every_ask_from_the_piped_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake_git = dir.path().join("git");
+        // Like git, it runs a `!` helper as `sh -c 'HELPER "$@"' HELPER ACTION`.
+        let script = r#"#!/bin/sh
+helper="${4#*=}"
+helper="${helper#!}"
+for n in 1 2; do printf 'protocol=https\nhost=github.com\n\n' | sh -c "$helper \"\$@\"" "$helper" get; done
+printf 'x\n' | sh -c "$helper \"\$@\"" "$helper" store
+echo "args: $5 $6 $7 $8"
+"#;
+        std::fs::write(&fake_git, script).unwrap();
+        std::fs::set_permissions(
+            &fake_git,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let argv = clone_argv("https://github.com", "https://github.com/a/b.git", "/w");
+        let mut child = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), &clone_stdin(&token())).unwrap();
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let expected = format!("username=x-access-token\npassword={}\n", token().expose());
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            format!("{expected}{expected}args: clone -- https://github.com/a/b.git /w\n")
+        );
     }
 
     #[test]

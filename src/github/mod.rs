@@ -3,11 +3,15 @@
 
 mod app;
 mod clone;
+mod oauth;
 
 use std::fmt;
 
 pub use app::{GitHubApp, Installation, InstallationToken};
-pub use clone::{clone_argv, clone_env, config_holds_secret, throwaway_name, Redactor};
+pub use clone::{
+    clone_argv, clone_env, clone_stdin, config_holds_secret, throwaway_name, Redactor,
+};
+pub use oauth::UserToken;
 
 /// A secret (the App's JWT, an installation token) that prints as `[redacted]` wherever it
 /// is formatted, so a log line or an error message cannot carry it by accident.
@@ -42,6 +46,10 @@ impl fmt::Display for Secret {
 pub enum GitHubError {
     #[error("cannot use the GitHub App private key {path}: {reason}")]
     Key { path: String, reason: String },
+    #[error("cannot use the GitHub App's OAuth client secret {path}: {reason}")]
+    ClientSecret { path: String, reason: String },
+    #[error("GitHub did not take the code: {0}")]
+    BadCode(String),
     #[error("GitHub knows no installation {0} of Narya's GitHub App")]
     InstallationNotFound(i64),
     #[error("GitHub refused a token for the repository: {0}")]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use futures_util::stream::BoxStream;
 use narya_runtimes::{
     Change, ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage, ProcessOutcome,
-    ProcessSpec, Result, Runtime, ThrowawaySpec,
+    ProcessSpec, Result, Runtime, ThrowawayInfo, ThrowawaySpec,
 };
 
 use super::Metrics;
@@ -53,6 +53,14 @@ impl Runtime for Metered {
 
     async fn run_throwaway(&self, spec: &ThrowawaySpec) -> Result<ProcessOutcome> {
         self.counted(self.inner.run_throwaway(spec).await)
+    }
+
+    async fn list_throwaways(&self) -> Result<Vec<ThrowawayInfo>> {
+        self.counted(self.inner.list_throwaways().await)
+    }
+
+    async fn remove_throwaway(&self, name: &str) -> Result<()> {
+        self.counted(self.inner.remove_throwaway(name).await)
     }
 
     async fn inspect(&self, id: &str) -> Result<MachineState> {

@@ -476,8 +476,10 @@ impl Store {
 }
 
 mod census;
-mod installations;
+mod github;
 
 pub use census::Census;
 #[cfg(test)]
 mod tests;
+
+pub use github::{ConnectedInstallation, Connecting};

@@ -175,17 +175,6 @@ async fn a_row_that_does_not_parse_is_a_corrupt_store_error() {
     }
 }
 
-#[tokio::test]
-async fn installations_are_recorded_per_organisation() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
-    assert_eq!(store.installation("acme").await.unwrap(), None);
-    store.connect_installation("acme", 7, "t0").await.unwrap();
-    store.connect_installation("acme", 8, "t1").await.unwrap();
-    assert_eq!(store.installation("acme").await.unwrap(), Some(8));
-    assert_eq!(store.installation("globex").await.unwrap(), None);
-}
-
 /// The next status change `subscription` was told of, at once (the store publishes as it writes).
 fn told(
     subscription: &mut crate::events::Subscription,

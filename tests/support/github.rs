@@ -1,8 +1,10 @@
 //! A double of GitHub as Narya's GitHub App meets it, on loopback and speaking the real wire
 //! formats: the REST API (the App's JWT verified against its public key, installations and their
 //! selected repositories, installation tokens minted and revoked, 404/422 as GitHub answers them)
-//! and git's smart HTTP for real bare repositories through `git http-backend`, which takes only a
-//! live installation token as `x-access-token` Basic credentials, for the repositories it covers.
+//! and git's smart HTTP for real bare repositories through `git http-backend` (`github_git.rs`),
+//! which takes only a live installation token as `x-access-token` Basic credentials, for the
+//! repositories it covers; the OAuth side a person connecting an installation meets is in
+//! `github_oauth.rs`.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -12,17 +14,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, Query, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
 
+use narya::client::{Answer, Client};
+
+use super::github_git;
+use super::github_oauth::{self, OAuthState, UserTokenSeen};
 use super::make_key;
 
 /// The media type and API version GitHub's REST API is spoken in.
@@ -54,22 +59,23 @@ pub struct GitRequest {
     pub status: u16,
 }
 
-struct InstallationState {
-    account: String,
-    selected: Vec<String>,
+pub(super) struct InstallationState {
+    pub(super) account: String,
+    pub(super) selected: Vec<String>,
 }
 
-struct Shared {
-    url: String,
-    app_id: u64,
-    public_key: DecodingKey,
-    repositories: PathBuf,
-    installations: Mutex<HashMap<i64, InstallationState>>,
-    tokens: Mutex<Vec<MintedToken>>,
-    git_requests: Mutex<Vec<GitRequest>>,
-    api_requests: Mutex<Vec<String>>,
-    refuse_git: AtomicBool,
-    git_delay: Mutex<Duration>,
+pub(super) struct Shared {
+    pub(super) url: String,
+    pub(super) app_id: u64,
+    pub(super) public_key: DecodingKey,
+    pub(super) repositories: PathBuf,
+    pub(super) installations: Mutex<HashMap<i64, InstallationState>>,
+    pub(super) tokens: Mutex<Vec<MintedToken>>,
+    pub(super) git_requests: Mutex<Vec<GitRequest>>,
+    pub(super) api_requests: Mutex<Vec<String>>,
+    pub(super) refuse_git: AtomicBool,
+    pub(super) git_delay: Mutex<Duration>,
+    pub(super) oauth: Arc<OAuthState>,
 }
 
 /// The double; it serves until dropped with the test's runtime.
@@ -115,7 +121,13 @@ impl GitHubDouble {
             api_requests: Mutex::new(Vec::new()),
             refuse_git: AtomicBool::new(false),
             git_delay: Mutex::new(Duration::ZERO),
+            oauth: OAuthState::new(&url),
         });
+        std::fs::write(
+            dir.path().join("client-secret"),
+            format!("{}\n", shared.oauth.client_secret),
+        )
+        .unwrap();
         let app = Router::new()
             .route("/app", get(authenticated_app))
             .route("/app/installations/{id}", get(installation))
@@ -126,9 +138,10 @@ impl GitHubDouble {
                 get(repository_installation),
             )
             .route("/installation/token", delete(revoke_token))
-            .route("/git/{*path}", any(git))
+            .route("/git/{*path}", any(github_git::git))
             .fallback(not_found)
-            .with_state(shared.clone());
+            .with_state(shared.clone())
+            .merge(github_oauth::router(shared.oauth.clone(), "/git"));
         tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
@@ -153,17 +166,48 @@ impl GitHubDouble {
     /// The daemon's `[github]` section for this double.
     pub fn toml(&self) -> String {
         format!(
-            "[github]\napp_id = {}\nprivate_key = {:?}\napi_url = {:?}\ngit_url = {:?}\nconnect_url = {:?}\n",
+            "[github]\napp_id = {}\nprivate_key = {:?}\nclient_id = {:?}\nclient_secret_file = {:?}\n\
+             api_url = {:?}\ngit_url = {:?}\nconnect_url = {:?}\n",
             self.app_id,
             self.key_path.display().to_string(),
+            self.shared.oauth.client_id,
+            self._dir.path().join("client-secret").display().to_string(),
             self.url,
             self.git_url(),
             self.connect_url(),
         )
     }
 
+    /// Person `login` can access `installations` (as a member of their accounts can).
+    pub fn grant(&self, login: &str, installations: &[i64]) {
+        self.shared.oauth.grant(login, installations);
+    }
+
+    /// A fresh one-time OAuth code of `login`'s, as GitHub hands it after an installation.
+    pub fn code_for(&self, login: &str) -> String {
+        self.shared.oauth.code_for(login)
+    }
+
+    /// Every user token issued so far.
+    pub fn user_tokens(&self) -> Vec<UserTokenSeen> {
+        self.shared.oauth.user_tokens()
+    }
+
+    /// Connects `client`'s organisation to `installation` as person `login`, who can access it,
+    /// with a fresh code of theirs.
+    pub async fn connect_as(&self, client: &Client, login: &str, installation: i64) -> Answer {
+        self.grant(login, &[installation]);
+        connect_with_code(client, installation, &self.code_for(login)).await
+    }
+
+    /// The most installations `GET /user/installations` answers per page.
+    pub fn set_max_per_page(&self, max: usize) {
+        self.shared.oauth.set_max_per_page(max);
+    }
+
     /// An installation of the App on `account`, selecting the repositories `selected` (names).
     pub fn install(&self, id: i64, account: &str, selected: &[&str]) {
+        self.shared.oauth.note_installation(id, account);
         self.shared.installations.lock().unwrap().insert(
             id,
             InstallationState {
@@ -221,6 +265,20 @@ impl GitHubDouble {
         self.shared.tokens.lock().unwrap().clone()
     }
 
+    /// Every form a clone could be given a token in: each token, and its Basic credentials.
+    pub fn token_forms(&self) -> Vec<String> {
+        self.tokens()
+            .iter()
+            .flat_map(|t| {
+                [
+                    t.token.clone(),
+                    base64::engine::general_purpose::STANDARD
+                        .encode(format!("x-access-token:{}", t.token)),
+                ]
+            })
+            .collect()
+    }
+
     /// Every request to the git server so far.
     pub fn git_requests(&self) -> Vec<GitRequest> {
         self.shared.git_requests.lock().unwrap().clone()
@@ -242,7 +300,29 @@ impl GitHubDouble {
     }
 }
 
-fn github_error(status: StatusCode, message: &str) -> Response {
+/// Fails naming `what` when `bytes` hold any of `forms`.
+pub fn assert_holds_no_token(what: &str, bytes: &[u8], forms: &[String]) {
+    for form in forms {
+        assert!(
+            !bytes.windows(form.len()).any(|w| w == form.as_bytes()),
+            "{what} holds an installation token"
+        );
+    }
+}
+
+/// `PUT /v1/organisation/github` with `installation` and `code`.
+pub async fn connect_with_code(client: &Client, installation: i64, code: &str) -> Answer {
+    client
+        .send_json(
+            axum::http::Method::PUT,
+            "/v1/organisation/github",
+            &json!({ "installation_id": installation, "code": code }),
+        )
+        .await
+        .unwrap()
+}
+
+pub(super) fn github_error(status: StatusCode, message: &str) -> Response {
     (
         status,
         Json(json!({
@@ -261,9 +341,9 @@ async fn not_found() -> Response {
 /// What GitHub requires of every REST request; the double also insists on the API version
 /// Narya asks for, so a client that forgets it is caught.
 /// A refusal as GitHub words it: status and message.
-type Refusal = (StatusCode, &'static str);
+pub(super) type Refusal = (StatusCode, &'static str);
 
-fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
+pub(super) fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
     let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if value("user-agent").is_none_or(str::is_empty) {
         return Err((
@@ -286,7 +366,7 @@ fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     value
         .strip_prefix("Bearer ")
@@ -451,6 +531,11 @@ fn granted(permission: &str, level: &Value) -> bool {
 }
 
 fn random_token() -> String {
+    format!("ghs_{}", random_tail())
+}
+
+/// 36 random letters and digits, as GitHub's tokens end.
+pub(super) fn random_tail() -> String {
     let mut bytes = [0u8; 36];
     std::fs::File::open("/dev/urandom")
         .unwrap()
@@ -461,7 +546,7 @@ fn random_token() -> String {
         .iter()
         .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
         .collect();
-    format!("ghs_{tail}")
+    tail
 }
 
 fn rfc3339(at: SystemTime) -> String {
@@ -557,7 +642,7 @@ async fn mint_token(
 }
 
 /// The live (unrevoked, unexpired) token `token`, if the double minted it.
-fn live_token(shared: &Shared, token: &str) -> Option<MintedToken> {
+pub(super) fn live_token(shared: &Shared, token: &str) -> Option<MintedToken> {
     shared
         .tokens
         .lock()
@@ -652,176 +737,4 @@ async fn revoke_token(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> 
         t.revoked_at = Some(SystemTime::now());
     }
     StatusCode::NO_CONTENT.into_response()
-}
-
-/// Whether `authorization` is `Basic x-access-token:TOKEN` for a live token that may read
-/// `owner/name`.
-fn git_authorised(shared: &Shared, authorization: Option<&str>, owner: &str, name: &str) -> bool {
-    if shared.refuse_git.load(Ordering::SeqCst) {
-        return false;
-    }
-    let Some(encoded) = authorization.and_then(|a| a.strip_prefix("Basic ")) else {
-        return false;
-    };
-    let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else {
-        return false;
-    };
-    let Ok(decoded) = String::from_utf8(decoded) else {
-        return false;
-    };
-    let Some(token) = decoded
-        .strip_prefix("x-access-token:")
-        .and_then(|t| live_token(shared, t))
-    else {
-        return false;
-    };
-    if token.permissions["contents"] != "read" {
-        return false;
-    }
-    let installations = shared.installations.lock().unwrap();
-    let Some(found) = installations.get(&token.installation) else {
-        return false;
-    };
-    found.account == owner
-        && found.selected.iter().any(|n| n == name)
-        && token
-            .repositories
-            .as_ref()
-            .is_none_or(|r| r.iter().any(|n| n == name))
-}
-
-fn plain(status: StatusCode, text: &'static str) -> Response {
-    (status, [(header::CONTENT_TYPE, "text/plain")], text).into_response()
-}
-
-/// git's smart HTTP, served by `git http-backend` as CGI.
-async fn git(
-    State(shared): State<Arc<Shared>>,
-    UrlPath(path): UrlPath<String>,
-    method: Method,
-    headers: HeaderMap,
-    query: axum::extract::RawQuery,
-    body: Bytes,
-) -> Response {
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let delay = *shared.git_delay.lock().unwrap();
-    let answer = async {
-        tokio::time::sleep(delay).await;
-        let mut segments = path.splitn(3, '/');
-        let (Some(owner), Some(repository)) = (segments.next(), segments.next()) else {
-            return plain(StatusCode::NOT_FOUND, "Not Found");
-        };
-        let name = repository.trim_end_matches(".git");
-        if !git_authorised(&shared, authorization.as_deref(), owner, name) {
-            let mut refused = plain(StatusCode::UNAUTHORIZED, "");
-            refused.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                "Basic realm=\"GitHub\"".parse().unwrap(),
-            );
-            return refused;
-        }
-        if !shared
-            .repositories
-            .join(owner)
-            .join(format!("{name}.git"))
-            .is_dir()
-        {
-            return plain(StatusCode::NOT_FOUND, "Repository not found.");
-        }
-        http_backend(&shared, &path, &method, &headers, query.0.as_deref(), body).await
-    }
-    .await;
-    shared.git_requests.lock().unwrap().push(GitRequest {
-        path: path.clone(),
-        at: SystemTime::now(),
-        authorization,
-        status: answer.status().as_u16(),
-    });
-    answer
-}
-
-async fn http_backend(
-    shared: &Shared,
-    path: &str,
-    method: &Method,
-    headers: &HeaderMap,
-    query: Option<&str>,
-    body: Bytes,
-) -> Response {
-    let header_value = |name: header::HeaderName| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let mut command = tokio::process::Command::new("git");
-    command
-        .arg("http-backend")
-        .env("GIT_PROJECT_ROOT", &shared.repositories)
-        .env("GIT_HTTP_EXPORT_ALL", "1")
-        .env("PATH_INFO", format!("/{path}"))
-        .env("QUERY_STRING", query.unwrap_or_default())
-        .env("REQUEST_METHOD", method.as_str())
-        .env("CONTENT_TYPE", header_value(header::CONTENT_TYPE))
-        .env("CONTENT_LENGTH", body.len().to_string())
-        .env("REMOTE_USER", "x-access-token")
-        .env("REMOTE_ADDR", "127.0.0.1")
-        .env(
-            "HTTP_CONTENT_ENCODING",
-            header_value(header::CONTENT_ENCODING),
-        )
-        .env(
-            "GIT_PROTOCOL",
-            headers
-                .get("git-protocol")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default(),
-        )
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = command.spawn().expect("git http-backend starts");
-    let mut stdin = child.stdin.take().unwrap();
-    let feed = tokio::spawn(async move {
-        let _ = stdin.write_all(&body).await;
-    });
-    let output = child
-        .wait_with_output()
-        .await
-        .expect("git http-backend ran");
-    let _ = feed.await;
-    cgi_response(&output.stdout)
-}
-
-/// A CGI answer: header lines (`Status:` among them), a blank line, the body.
-fn cgi_response(stdout: &[u8]) -> Response {
-    let (head, body) = match find(stdout, b"\r\n\r\n") {
-        Some(at) => (&stdout[..at], &stdout[at + 4..]),
-        None => match find(stdout, b"\n\n") {
-            Some(at) => (&stdout[..at], &stdout[at + 2..]),
-            None => (&stdout[..0], stdout),
-        },
-    };
-    let mut response = Response::builder().status(StatusCode::OK);
-    for line in String::from_utf8_lossy(head).lines() {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("status") {
-            let code = value.split_whitespace().next().unwrap_or("500");
-            response = response.status(code.parse::<u16>().unwrap_or(500));
-        } else {
-            response = response.header(name.trim(), value);
-        }
-    }
-    response.body(Body::from(body.to_vec())).unwrap()
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }

@@ -4,6 +4,8 @@
 pub mod cleanup;
 pub mod e2e;
 pub mod github;
+pub mod github_git;
+pub mod github_oauth;
 pub mod idp;
 pub mod private;
 

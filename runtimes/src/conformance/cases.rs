@@ -750,6 +750,8 @@ async fn throwaway_sees_the_workspace_and_leaves_nothing(c: &Context<'_>) -> Res
             mount_point: c.fixture.mount_point.clone(),
             user: c.fixture.user,
             network: c.fixture.network,
+            environment: name.clone(),
+            organisation: "conformance".to_owned(),
             process: ProcessSpec {
                 argv: vec![
                     "/bin/sh".into(),
@@ -800,6 +802,14 @@ async fn throwaway_sees_the_workspace_and_leaves_nothing(c: &Context<'_>) -> Res
     check(
         !c.runtime.list().await?.iter().any(|m| m.id == name),
         || "throwaway listed as a machine".into(),
+    )?;
+    check(
+        !c.runtime
+            .list_throwaways()
+            .await?
+            .iter()
+            .any(|t| t.name == name),
+        || format!("throwaway {name} still listed"),
     )
 }
 
@@ -817,6 +827,8 @@ async fn throwaway_time_out_is_reported_and_cleaned_up(c: &Context<'_>) -> Resul
             mount_point: c.fixture.mount_point.clone(),
             user: c.fixture.user,
             network: c.fixture.network,
+            environment: name.clone(),
+            organisation: "conformance".to_owned(),
             process: ProcessSpec {
                 argv: vec![
                     "/bin/sh".into(),

@@ -114,7 +114,7 @@ impl Containerd {
             uid: spec_in.user.uid,
             gid: spec_in.user.gid,
         };
-        let labels = labels::throwaway_labels(&spec_in.name);
+        let labels = labels::throwaway_labels(spec_in);
         let mounts = self
             .make_container(
                 &id,

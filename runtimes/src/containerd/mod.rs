@@ -6,6 +6,7 @@ mod events;
 mod exec;
 mod image;
 mod machine;
+mod throwaway;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ use self::image::LocalImage;
 use crate::pinning::ImagePinning;
 use crate::{
     ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage, ProcessOutcome,
-    ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec,
+    ProcessSpec, Result, Runtime, RuntimeError, ThrowawayInfo, ThrowawaySpec,
 };
 
 /// How to reach containerd and where to keep things.
@@ -123,6 +124,14 @@ impl Runtime for Containerd {
 
     async fn run_throwaway(&self, spec: &ThrowawaySpec) -> Result<ProcessOutcome> {
         self.run_in_throwaway(spec).await
+    }
+
+    async fn list_throwaways(&self) -> Result<Vec<ThrowawayInfo>> {
+        self.list_throwaway_containers().await
+    }
+
+    async fn remove_throwaway(&self, name: &str) -> Result<()> {
+        self.remove_throwaway_container(name).await
     }
 
     async fn inspect(&self, id: &str) -> Result<MachineState> {

@@ -65,7 +65,7 @@ impl Docker {
                     .clone()
                     .unwrap_or_else(|| spec.mount_point.clone()),
             ),
-            labels: Some(labels::throwaway_labels(&spec.name)),
+            labels: Some(labels::throwaway_labels(spec)),
             attach_stdin: Some(has_stdin),
             attach_stdout: Some(true),
             attach_stderr: Some(true),

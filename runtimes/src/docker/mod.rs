@@ -5,6 +5,7 @@ mod exec;
 mod image;
 mod machine;
 mod process;
+mod throwaway;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -16,7 +17,7 @@ use self::engine::Engine;
 use crate::pinning::ImagePinning;
 use crate::{
     ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage, ProcessOutcome, ProcessSpec,
-    Result, Runtime, ThrowawaySpec,
+    Result, Runtime, ThrowawayInfo, ThrowawaySpec,
 };
 
 /// How to reach the engine.
@@ -74,6 +75,14 @@ impl Runtime for Docker {
 
     async fn run_throwaway(&self, spec: &ThrowawaySpec) -> Result<ProcessOutcome> {
         self.run_in_throwaway(spec).await
+    }
+
+    async fn list_throwaways(&self) -> Result<Vec<ThrowawayInfo>> {
+        self.list_throwaway_containers().await
+    }
+
+    async fn remove_throwaway(&self, name: &str) -> Result<()> {
+        self.remove_throwaway_container(name).await
     }
 
     async fn inspect(&self, id: &str) -> Result<MachineState> {

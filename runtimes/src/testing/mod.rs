@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 
 use crate::{
     Change, ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage,
-    ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec,
+    ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawayInfo, ThrowawaySpec,
 };
 
 mod process;
@@ -413,6 +413,15 @@ impl Runtime for FakeRuntime {
         });
         let outcome = process::play(planned, process).await;
         answer(after, Op::RunThrowaway, Ok(outcome))
+    }
+
+    /// None outlives its `run_throwaway` here.
+    async fn list_throwaways(&self) -> Result<Vec<ThrowawayInfo>> {
+        Ok(Vec::new())
+    }
+
+    async fn remove_throwaway(&self, _name: &str) -> Result<()> {
+        Ok(())
     }
 
     async fn inspect(&self, id: &str) -> Result<MachineState> {

@@ -372,6 +372,8 @@ async fn a_throwaway_is_recorded_and_leaves_nothing() {
             gid: 1000,
         },
         network: Network::Host,
+        environment: "env-a".to_owned(),
+        organisation: "acme".to_owned(),
         process: process(None, 100),
     };
     let out = fake.run_throwaway(&spec).await.unwrap();
