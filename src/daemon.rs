@@ -139,6 +139,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     verifier.preload().await;
 
     let runtime = crate::backend::connect(&config)?;
+    if config.environment.network == narya_runtimes::Network::Host {
+        tracing::warn!("environment.network = \"host\": environments share the host's network and reach every service on it and each other; for a single-user development host only");
+    }
     // A runtime that does not answer yet is waited for (environments read degraded); one that
     // answers but cannot be used stops start-up.
     match runtime.version().await {
@@ -160,7 +163,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let organisations = Arc::new(Organisations::new(store.clone(), github));
     let environments = Arc::new(Environments::new(
         store.clone(),
-        runtime,
+        runtime.clone(),
         config.clone(),
         organisations.clone(),
     ));
@@ -233,6 +236,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         if let Err(e) = environments.mark_interrupted().await {
             tracing::error!(error = %e, "could not record the creates still provisioning as interrupted");
         }
+    }
+    // The network's chains go with the last machine; with machines left they stay.
+    if let Err(e) = runtime.shutdown().await {
+        tracing::warn!(error = %e, "could not release the isolated network");
     }
     if let Err(e) = std::fs::remove_file(&config.listen.socket) {
         tracing::warn!(error = %e, "could not remove the socket file");

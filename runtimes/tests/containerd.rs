@@ -7,8 +7,15 @@ use std::path::PathBuf;
 
 use narya_oci::ImageReference;
 use narya_runtimes::containerd::{Containerd, ContainerdConfig};
+use narya_runtimes::network::NetworkConfig;
+use narya_runtimes::{Network, Runtime};
 
-fn containerd(socket: &str, namespace: &str, scratch: &std::path::Path) -> Containerd {
+fn containerd(
+    socket: &str,
+    namespace: &str,
+    scratch: &std::path::Path,
+    network: Option<NetworkConfig>,
+) -> Containerd {
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
     Containerd::new(ContainerdConfig {
         socket: PathBuf::from(socket),
@@ -16,6 +23,7 @@ fn containerd(socket: &str, namespace: &str, scratch: &std::path::Path) -> Conta
         snapshotter: "overlayfs".to_owned(),
         insecure_registries: vec![registry],
         fifo_dir: scratch.join("fifo"),
+        network,
     })
     .expect("the containerd back end builds")
 }
@@ -30,7 +38,13 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str) {
         return;
     };
     let scratch = tempfile::tempdir().unwrap();
-    let runtime = containerd(&socket, namespace, scratch.path());
+    let isolated = support::Isolated::new(scratch.path(), None);
+    let runtime = containerd(
+        &socket,
+        namespace,
+        scratch.path(),
+        Some(isolated.config.clone()),
+    );
     if support::answering(&runtime, &socket).await.is_none() {
         return;
     }
@@ -38,14 +52,27 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str) {
         &scratch.path().join("nobody.sock").display().to_string(),
         namespace,
         scratch.path(),
+        None,
     );
     let fixture = support::fixture(
         reference,
         scratch.path(),
         format!("conf-{namespace}"),
         std::sync::Arc::new(unreachable),
+        Network::Isolated,
+        Some(isolated.outside.addr),
     );
     support::run_and_judge(&runtime, &fixture).await;
+    let left = runtime
+        .isolation()
+        .map(|i| i.leftovers())
+        .unwrap_or_default();
+    assert_eq!(
+        left,
+        Default::default(),
+        "the suite's machines left network state behind"
+    );
+    runtime.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
