@@ -84,3 +84,92 @@ async fn conformance_with_the_image_from_an_oci_layout() {
 async fn conformance_with_the_image_from_a_registry() {
     run_suite(support::registry_reference(), "narya-conformance-registry").await;
 }
+
+/// What the host holds for machines on `subnet`: host-side interfaces carrying its gateway
+/// (`ptp` puts it on each), and routes into it.
+fn held_on_host(subnet: narya_runtimes::network::Subnet) -> (usize, usize) {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .expect("ip runs");
+    let gateway = format!("inet {}/", subnet.gateway());
+    let interfaces = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&gateway))
+        .count();
+    let out = std::process::Command::new("ip")
+        .args(["-4", "route", "show"])
+        .output()
+        .expect("ip runs");
+    let routes = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(|dest| dest.split('/').next()?.parse().ok())
+        .filter(|ip| subnet.contains(*ip))
+        .count();
+    (interfaces, routes)
+}
+
+/// Creates and removes isolated machines 200 times: no interface, route, namespace file or
+/// address reservation is left afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_isolated_creates_and_removes_leave_nothing_behind() {
+    let Some(reference) = support::layout_reference() else {
+        return;
+    };
+    let Some(socket) = support::required("NARYA_TEST_CONTAINERD_SOCKET") else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let isolated = support::Isolated::new(scratch.path(), None);
+    let subnet = isolated.config.subnet;
+    let runtime = containerd(
+        &socket,
+        "narya-conformance-leak",
+        scratch.path(),
+        Some(isolated.config.clone()),
+    );
+    if support::answering(&runtime, &socket).await.is_none() {
+        return;
+    }
+    let image = runtime
+        .ensure_image(&narya_runtimes::ImageSource {
+            reference,
+            pinned: None,
+        })
+        .await
+        .expect("the official image");
+    let workspace = scratch.path().join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let before = held_on_host(subnet);
+    let isolation = runtime.isolation().expect("isolated networking");
+    let pid = std::process::id();
+    for n in 0..200 {
+        let id = format!("leak-{pid}-{n}");
+        let spec = narya_runtimes::MachineSpec {
+            id: id.clone(),
+            environment: id.clone(),
+            organisation: format!("leak-{pid}"),
+            image: image.clone(),
+            workspace: workspace.clone(),
+            mount_point: "/workspace".to_owned(),
+            user: narya_runtimes::User {
+                uid: 1000,
+                gid: 1000,
+            },
+            network: Network::Isolated,
+            labels: Default::default(),
+        };
+        let made = runtime.create_machine(&spec).await;
+        let removed = runtime.remove(&id).await;
+        made.unwrap_or_else(|e| panic!("cycle {n}: create: {e}"));
+        removed.unwrap_or_else(|e| panic!("cycle {n}: remove: {e}"));
+    }
+    assert_eq!(held_on_host(subnet), before, "interfaces and routes left");
+    assert_eq!(
+        isolation.leftovers(),
+        Default::default(),
+        "namespaces or reservations left"
+    );
+    runtime.shutdown().await.unwrap();
+}
