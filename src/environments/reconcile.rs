@@ -145,7 +145,11 @@ impl Environments {
                 // Nobody can tell right now (a busy shim): asked again on the next pass.
                 Some(MachineState::Unknown) => {}
                 Some(MachineState::Stopped | MachineState::Missing) => self.restart(row).await,
-                None => self.settle(row, Status::Gone, Some(MISSING)).await,
+                None => {
+                    if row.status == Status::Gone || self.release_lost(row).await {
+                        self.settle(row, Status::Gone, Some(MISSING)).await
+                    }
+                }
             }
         }
         let known: HashSet<&str> = rows.iter().map(|r| r.machine.as_str()).collect();
@@ -227,6 +231,29 @@ impl Environments {
             && current.status != Status::Unusable
             && current.deleted_at.is_none();
         judged.then_some(current)
+    }
+
+    /// Releases what the runtime still holds for a machine it lost (on containerd: its network
+    /// namespace, interface and address), under the environment's lock and only while the
+    /// runtime still answers that the machine is missing. Whether the row may be settled now.
+    async fn release_lost(&self, row: &EnvironmentRecord) -> bool {
+        let Some(_guard) = self.locks.try_lock(&row.id) else {
+            return false;
+        };
+        let Some(current) = self.settled_row(row).await else {
+            return false;
+        };
+        match self.runtime.inspect(&current.machine).await {
+            Ok(MachineState::Missing) => {}
+            _ => return false,
+        }
+        match self.runtime.remove(&current.machine).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(environment.id = %row.id, error = %e, "could not release what a lost machine held; retrying");
+                false
+            }
+        }
     }
 
     /// Starts a machine seen stopped again, holding its environment's lock so that no create,

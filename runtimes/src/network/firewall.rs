@@ -64,8 +64,23 @@ fn failed(what: &str, e: impl Into<crate::Cause>) -> RuntimeError {
     RuntimeError::caused(ErrorKind::Other, format!("network: {what}"), e)
 }
 
-/// Puts the chains of `tag` in place for `subnet`.
+/// Puts the chains of `tag` in place for `subnet`. Other daemons (and other programs) change
+/// the ruleset at the same time; a restore that lost such a race is tried again.
 pub(super) async fn apply(tag: &str, subnet: Subnet) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match apply_once(tag, subnet).await {
+            Err(e) if tries < 5 => {
+                tracing::debug!(tag, error = %e, "network: applying the chains again");
+                tokio::time::sleep(std::time::Duration::from_millis(200 * tries)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+async fn apply_once(tag: &str, subnet: Subnet) -> Result<()> {
     let mut missing = Vec::new();
     for (table, hook, chain) in chains(tag) {
         let checked = iptables(&["-t", table, "-C", hook, "-j", &chain])
