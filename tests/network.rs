@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use hyper::StatusCode;
 use narya::client::Client;
 use narya_runtimes::conformance::Outside;
-use support::e2e::{body, create, delete, exec, unique_id, Backend, Host};
+use std::time::Duration;
+
+use support::e2e::{body, create, delete, exec, unique_id, until, Backend, Host};
 
 /// What `timeout` exits with when the connect hung: the packets were dropped.
 const DROPPED: i64 = 124;
@@ -159,6 +161,29 @@ async fn none_gives_loopback_only(backend: Backend) {
     assert_eq!(result["output"], "lo\n", "{result}");
     assert_eq!(delete(&client, &id).await.status, StatusCode::NO_CONTENT);
     host.remove(&id).await;
+}
+
+/// A machine removed behind the daemon's back: the reconciler records the environment `gone`
+/// and releases the namespace (with its veth and address) the machine held.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_machine_leaves_no_namespace_behind() {
+    let Some(host) = Host::start_on(Backend::Containerd, "").await else {
+        return;
+    };
+    let client = host.acme();
+    let id = unique_id("net-lost");
+    let answer = create(&client, serde_json::json!({ "id": id })).await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    let namespaces = host.daemon.dir.path().join("state/net/netns");
+    let count = || std::fs::read_dir(&namespaces).map_or(0, |d| d.count());
+    assert_eq!(count(), 1, "the machine's namespace");
+    // The test's own line to the runtime removes the machine and nothing of the network.
+    host.remove(&id).await;
+    until(&client, &id, Duration::from_secs(60), "gone", |env| {
+        env["status"] == "gone"
+    })
+    .await;
+    assert_eq!(count(), 0, "the lost machine's namespace was released");
 }
 
 on_both_backends!(
