@@ -87,6 +87,7 @@ impl Containerd {
         let isolation = match config.network {
             Some(network) => {
                 let isolation = Isolation::new(network)?;
+                isolation.check_reservations()?;
                 isolation.write_conflist()?;
                 Some(Arc::new(isolation))
             }

@@ -66,7 +66,25 @@ impl Docker {
         let answer = client
             .inspect_network(&name, None::<InspectNetworkOptions>)
             .await;
-        if found(&format!("looking up network {name}"), answer)?.is_none() {
+        let existing = found(&format!("looking up network {name}"), answer)?;
+        if let Some(network) = &existing {
+            // The rules fence the configured subnet: a network made for another one would leave
+            // its machines outside them.
+            let subnets: Vec<String> = network
+                .ipam
+                .as_ref()
+                .and_then(|ipam| ipam.config.as_ref())
+                .map(|configs| configs.iter().filter_map(|c| c.subnet.clone()).collect())
+                .unwrap_or_default();
+            let wanted = isolation.config().subnet.to_string();
+            if subnets != [wanted.clone()] {
+                return Err(RuntimeError::plain(
+                    ErrorKind::Other,
+                    format!("docker: network {name} has subnet {subnets:?}, not [network] subnet {wanted}; delete its environments and the network (docker network rm {name}), or set the subnet back"),
+                ));
+            }
+        }
+        if existing.is_none() {
             let subnet = isolation.config().subnet;
             let request = NetworkCreateRequest {
                 name: name.clone(),

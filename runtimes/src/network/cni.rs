@@ -136,6 +136,36 @@ impl Isolation {
         netns::is_namespace(&self.namespace_path(id))
     }
 
+    /// Refuses a subnet other than the one the machines still there have addresses from: the
+    /// rules fence the configured subnet only, and would leave those machines outside them.
+    pub fn check_reservations(&self) -> Result<()> {
+        let dir = self.ipam_dir().join(self.cni_network());
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        let outside: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .parse::<std::net::Ipv4Addr>()
+                    .ok()
+            })
+            .filter(|ip| !self.config.subnet.contains(*ip))
+            .map(|ip| ip.to_string())
+            .collect();
+        if outside.is_empty() {
+            return Ok(());
+        }
+        Err(RuntimeError::plain(
+            ErrorKind::Other,
+            format!(
+                "network: machines hold addresses {outside:?} outside [network] subnet {}; delete those environments first, or set the subnet back",
+                self.config.subnet
+            ),
+        ))
+    }
+
     /// What the machines hold now: namespace files and address reservations.
     pub fn leftovers(&self) -> Leftovers {
         let count = |dir: PathBuf, keep: fn(&str) -> bool| {

@@ -253,6 +253,28 @@ mod tests {
     }
 
     #[test]
+    fn a_subnet_that_leaves_reserved_addresses_outside_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let isolation = |subnet: &str| {
+            Isolation::new(NetworkConfig {
+                tag: "t1".to_owned(),
+                subnet: subnet.parse().unwrap(),
+                dns: Vec::new(),
+                cni_bin_dirs: Vec::new(),
+                run_dir: dir.path().to_owned(),
+            })
+            .unwrap()
+        };
+        let reserved = dir.path().join("ipam/narya-t1");
+        std::fs::create_dir_all(&reserved).unwrap();
+        std::fs::write(reserved.join("10.1.0.5"), "machine\neth0").unwrap();
+        std::fs::write(reserved.join("lock"), "").unwrap();
+        assert!(isolation("10.1.0.0/24").check_reservations().is_ok());
+        let refused = isolation("10.2.0.0/24").check_reservations().unwrap_err();
+        assert!(refused.to_string().contains("10.1.0.5"), "{refused}");
+    }
+
+    #[test]
     fn tags_are_short_stable_and_differ() {
         assert_eq!(tag_for("/var/lib/narya"), tag_for("/var/lib/narya"));
         assert_ne!(tag_for("/var/lib/narya"), tag_for("/tmp/x/state"));
