@@ -32,10 +32,23 @@ impl TestNetwork {
     /// Removes what a daemon that did not stop cleanly left behind.
     pub fn clean_up(&self) {
         let tag = &self.tag;
+        let network = format!("narya-{tag}");
+        let mut engine_keeps_it = false;
         if let Ok(socket) = std::env::var("NARYA_TEST_DOCKER_SOCKET") {
-            let _ = Command::new("docker")
-                .args(["-H", &format!("unix://{socket}")])
-                .args(["network", "rm", &format!("narya-{tag}")])
+            let docker = |args: &[&str]| {
+                Command::new("docker")
+                    .args(["-H", &format!("unix://{socket}")])
+                    .args(args)
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            };
+            docker(&["network", "rm", &network]);
+            engine_keeps_it = docker(&["network", "inspect", &network]);
+        }
+        // A private engine killed with the daemon's network on it leaves the bridge behind.
+        if !engine_keeps_it {
+            let _ = Command::new("ip")
+                .args(["link", "del", &format!("nry-{tag}")])
                 .output();
         }
         narya_runtimes::network::remove_chains_of(tag);
