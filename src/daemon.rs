@@ -1,5 +1,6 @@
 //! The daemon's life: open the store, bind the listeners, serve one router, shut down cleanly.
 
+mod systemd;
 mod transport;
 
 use std::io::ErrorKind;
@@ -15,8 +16,15 @@ use crate::auth::{JwksError, Verifier};
 use crate::config::Config;
 use crate::environments::Environments;
 use crate::github::{GitHubApp, GitHubError};
+use crate::metrics::{Metered, Metrics};
 use crate::organisation::Organisations;
 use crate::store::{Store, StoreError};
+
+pub use systemd::{ActivationError, Notifier};
+
+/// How often start-up asks a runtime that did not answer yet whether it does now, to tell
+/// systemd the daemon is ready.
+const RUNTIME_READY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -44,6 +52,8 @@ pub enum DaemonError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Activation(#[from] ActivationError),
     #[error("cannot listen on TCP {addr}: {source}")]
     Tcp {
         addr: std::net::SocketAddr,
@@ -88,6 +98,57 @@ pub fn bind_unix_socket(path: &Path) -> Result<UnixListener, DaemonError> {
     Ok(listener)
 }
 
+/// The unix socket systemd passed (socket activation), else one bound at `path`; and whether
+/// the socket file is naryad's own to remove at exit.
+fn unix_listener(path: &Path) -> Result<(UnixListener, bool), DaemonError> {
+    let Some((listener, bound_at)) = systemd::activated_unix_listener()? else {
+        return Ok((bind_unix_socket(path)?, true));
+    };
+    let socket_error = |source| DaemonError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    match bound_at {
+        Some(bound_at) if bound_at != path => tracing::warn!(
+            activated = %bound_at.display(),
+            configured = %path.display(),
+            "serving the unix socket systemd passed, which is not listen.socket; make the two agree (naryad.socket's ListenStream)"
+        ),
+        _ => tracing::info!(socket = %path.display(), "serving the unix socket systemd passed"),
+    }
+    Ok((
+        UnixListener::from_std(listener).map_err(socket_error)?,
+        false,
+    ))
+}
+
+/// Tells systemd the daemon is ready once the runtime, which did not answer at start-up, does:
+/// until then the daemon serves, with environments reading `degraded`.
+async fn notify_ready_when_runtime_answers(
+    runtime: Arc<dyn narya_runtimes::Runtime>,
+    notifier: Arc<Notifier>,
+) {
+    notifier.notify(&format!(
+        "STATUS=serving; waiting for the container runtime ({}) to answer",
+        runtime.name()
+    ));
+    loop {
+        tokio::time::sleep(RUNTIME_READY_POLL).await;
+        if let Ok(version) = runtime.version().await {
+            tracing::info!(
+                backend = runtime.name(),
+                version,
+                "container runtime answers"
+            );
+            notifier.notify("READY=1\nSTATUS=serving");
+            return;
+        }
+    }
+}
+
+/// How long streams cut at the shutdown timeout have to send their last line.
+const CUT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Creates the state directory private to the daemon's user (0700), or makes an existing one
 /// so: it holds the database and every environment's workspace.
 pub fn private_state_dir(dir: &Path) -> Result<(), DaemonError> {
@@ -117,75 +178,111 @@ pub fn private_state_dir(dir: &Path) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// Resolves when SIGTERM or SIGINT arrives.
-async fn shutdown_signal() -> Result<&'static str, DaemonError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGTERM and SIGINT, caught from start-up on: a stop sent the moment the daemon said it is
+/// ready (or even before) is a clean shutdown, never the default action's instant death.
+struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> Result<ShutdownSignals, DaemonError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(ShutdownSignals {
+            term: signal(SignalKind::terminate()).map_err(DaemonError::Signals)?,
+            int: signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?,
+        })
+    }
+
+    /// Resolves when SIGTERM or SIGINT arrives (or arrived since `install`).
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// Binds TCP `addr`, when one is configured.
+async fn bind_tcp(addr: Option<std::net::SocketAddr>) -> Result<Option<TcpListener>, DaemonError> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| DaemonError::Tcp { addr, source })?;
+    Ok(Some(listener))
 }
 
 /// Runs the daemon until SIGTERM/SIGINT, then stops accepting, lets requests and provisioning
 /// in flight finish for at most `shutdown_timeout` (what is still provisioning then is recorded
 /// as interrupted), removes its socket and returns.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let mut signals = ShutdownSignals::install()?;
+    let notifier = Arc::new(Notifier::from_environment());
     let config = Arc::new(config);
     private_state_dir(&config.state_dir)?;
     let store = Store::open(&config.database_path()).await?;
     let verifier = Arc::new(Verifier::new(&config.identity)?);
     verifier.preload().await;
 
-    let runtime = crate::backend::connect(&config)?;
+    let metrics = Metrics::new();
+    let runtime: Arc<dyn narya_runtimes::Runtime> = Arc::new(Metered::new(
+        crate::backend::connect(&config)?,
+        metrics.clone(),
+    ));
     if config.environment.network == narya_runtimes::Network::Host {
         tracing::warn!("environment.network = \"host\": environments share the host's network and reach every service on it and each other; for a single-user development host only");
     }
     // A runtime that does not answer yet is waited for (environments read degraded); one that
     // answers but cannot be used stops start-up.
-    match runtime.version().await {
-        Ok(version) => tracing::info!(
-            backend = runtime.name(),
-            version,
-            "container runtime answers"
-        ),
+    let runtime_answers = match runtime.version().await {
+        Ok(version) => {
+            tracing::info!(
+                backend = runtime.name(),
+                version,
+                "container runtime answers"
+            );
+            true
+        }
         Err(e) if e.kind() == narya_runtimes::ErrorKind::Unavailable => {
-            tracing::warn!(backend = runtime.name(), error = %e, "container runtime not answering yet; retrying in the background")
+            tracing::warn!(backend = runtime.name(), error = %e, "container runtime not answering yet; retrying in the background");
+            false
         }
         Err(e) => return Err(e.into()),
-    }
+    };
+    let readiness_runtime = runtime.clone();
     // A [github] section whose key is unusable is found at start-up, not at the first clone.
     let github = match &config.github {
         Some(github) => Some(Arc::new(GitHubApp::new(github)?)),
         None => None,
     };
     let organisations = Arc::new(Organisations::new(store.clone(), github));
-    let environments = Arc::new(Environments::new(
-        store.clone(),
-        runtime.clone(),
-        config.clone(),
-        organisations.clone(),
-    ));
+    let environments = Arc::new(
+        Environments::new(
+            store.clone(),
+            runtime.clone(),
+            config.clone(),
+            organisations.clone(),
+        )
+        .with_metrics(metrics.clone()),
+    );
     environments.mark_interrupted().await?;
     let reconciler = tokio::spawn(environments.clone().reconcile_forever());
+    let cut = CancellationToken::new();
     let state = AppState {
+        cut: cut.clone(),
         config: config.clone(),
         verifier,
         environments: environments.clone(),
         organisations,
+        metrics: metrics.clone(),
     };
     let router = api::router(state);
 
-    let unix = bind_unix_socket(&config.listen.socket)?;
-    let tcp = match config.listen.tcp {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| DaemonError::Tcp { addr, source })?,
-        ),
-        None => None,
-    };
+    let (unix, owns_socket_file) = unix_listener(&config.listen.socket)?;
+    let tcp = bind_tcp(config.listen.tcp).await?;
+    let metrics_listener = bind_tcp(config.listen.metrics).await?;
 
     let limits = transport::Limits {
         header_timeout: config.listen.header_timeout.0,
@@ -195,17 +292,49 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let stop = CancellationToken::new();
     let mut servers = tokio::task::JoinSet::new();
     tracing::info!(socket = %config.listen.socket.display(), "listening on the unix socket");
-    servers.spawn(transport::serve(unix, router.clone(), limits, stop.clone()));
+    let open = |listener| metrics.connections(listener);
+    servers.spawn(transport::serve(
+        unix,
+        router.clone(),
+        limits,
+        stop.clone(),
+        open("unix"),
+    ));
     if let Some(tcp) = tcp {
         tracing::info!(addr = %tcp.local_addr().map_err(DaemonError::Serve)?, "listening on TCP");
-        servers.spawn(transport::serve(tcp, router, limits, stop.clone()));
+        servers.spawn(transport::serve(
+            tcp,
+            router,
+            limits,
+            stop.clone(),
+            open("tcp"),
+        ));
+    }
+    if let Some(listener) = metrics_listener {
+        tracing::info!(addr = %listener.local_addr().map_err(DaemonError::Serve)?, "serving metrics (no token) at /metrics");
+        let scrape = crate::metrics::router(metrics.clone(), store.clone());
+        servers.spawn(transport::serve(
+            listener,
+            scrape,
+            limits,
+            stop.clone(),
+            open("metrics"),
+        ));
     }
     tracing::info!(backend = ?config.runtime.backend, "naryad ready");
+    let readiness = if runtime_answers {
+        notifier.notify("READY=1\nSTATUS=serving");
+        None
+    } else {
+        Some(tokio::spawn(notify_ready_when_runtime_answers(
+            readiness_runtime,
+            notifier.clone(),
+        )))
+    };
 
     let mut result = Ok(());
     tokio::select! {
-        signal = shutdown_signal() => {
-            let signal = signal?;
+        signal = signals.recv() => {
             tracing::info!(signal, "shutting down: no new requests, finishing those in flight");
         }
         // A listener only ends on a stop, so this one failed.
@@ -216,7 +345,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             }
         }
     }
+    notifier.notify("STOPPING=1\nSTATUS=finishing the requests in flight");
+    if let Some(readiness) = readiness {
+        readiness.abort();
+    }
     stop.cancel();
+    // Event streams never end on their own: they end here, so connections can close.
+    environments.events().close();
     let finished = tokio::time::timeout(config.shutdown_timeout.0, async {
         while servers.join_next().await.is_some() {}
         reconciler.abort();
@@ -229,7 +364,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             shutdown_timeout = ?config.shutdown_timeout,
             "requests or provisioning still in flight at the shutdown timeout; ending them"
         );
-        // Dropping the listeners' tasks drops their connections, streams included.
+        // Open streams end with a line that says why, after what they had ready; then
+        // dropping the listeners' tasks drops whatever connection is left.
+        cut.cancel();
+        let _ = tokio::time::timeout(CUT_GRACE, async {
+            while servers.join_next().await.is_some() {}
+        })
+        .await;
         servers.shutdown().await;
         reconciler.abort();
         // What is still provisioning will not finish: say so now rather than at the next start.
@@ -241,8 +382,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     if let Err(e) = runtime.shutdown().await {
         tracing::warn!(error = %e, "could not release the isolated network");
     }
-    if let Err(e) = std::fs::remove_file(&config.listen.socket) {
-        tracing::warn!(error = %e, "could not remove the socket file");
+    // A socket systemd passed stays systemd's: it keeps listening for the next start.
+    if owns_socket_file {
+        if let Err(e) = std::fs::remove_file(&config.listen.socket) {
+            tracing::warn!(error = %e, "could not remove the socket file");
+        }
     }
     store.close().await;
     tracing::info!("naryad stopped");

@@ -254,6 +254,8 @@ async fn no_route_is_exempt_from_authentication() {
         (Method::POST, "/v1/environments/demo/exec"),
         (Method::POST, "/v1/environments/demo/replace"),
         (Method::PUT, "/v1/organisation/github"),
+        (Method::GET, "/v1/events"),
+        (Method::GET, "/metrics"),
         (Method::PATCH, "/v1/environments"),
     ];
     for (transport, client) in s.daemon.transports(None) {
@@ -276,6 +278,7 @@ async fn no_route_is_exempt_from_authentication() {
             "/v1/environments/{id}/exec",
             "/v1/environments/{id}/replace",
             "/v1/organisation/github",
+            "/v1/events",
             "/v1/openapi.json",
         ] {
             assert!(
@@ -283,6 +286,10 @@ async fn no_route_is_exempt_from_authentication() {
                 "{path} missing from the OpenAPI document"
             );
         }
+        assert!(
+            doc["components"]["schemas"]["EventLine"]["properties"]["status"].is_object(),
+            "the events line schema is documented"
+        );
         let unknown = client
             .send(Method::GET, "/no/such/path", None)
             .await

@@ -46,11 +46,16 @@ pub(crate) fn is_machine(labels: &HashMap<String, String>, id: &str) -> bool {
 }
 
 /// The name a machine with `labels` was made under; `None` for a container that is no machine.
-fn machine_name(labels: &HashMap<String, String>) -> Option<&str> {
+pub(crate) fn machine_name(labels: &HashMap<String, String>) -> Option<&str> {
     labels
         .get(LABEL_MACHINE)
         .or_else(|| labels.get(LABEL_ENVIRONMENT))
         .map(String::as_str)
+}
+
+/// Whether `labels` mark a throwaway container, whichever.
+pub(crate) fn is_any_throwaway(labels: &HashMap<String, String>) -> bool {
+    labels.contains_key(LABEL_THROWAWAY)
 }
 
 /// Whether `labels` mark throwaway `name`.

@@ -261,6 +261,15 @@ pub enum MachineState {
     Unknown,
 }
 
+/// What the runtime reported changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Something happened to the machine (or throwaway container) of this name: look at it.
+    Machine(String),
+    /// Something happened that the runtime did not say of which machine: look at every one.
+    Unknown,
+}
+
 /// A Narya-labelled machine found in the runtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MachineInfo {
@@ -304,6 +313,11 @@ pub trait Runtime: Send + Sync {
     /// Errors: `Unavailable`, never `Missing`, when the runtime is not answering.
     async fn inspect(&self, id: &str) -> Result<MachineState>;
 
+    /// The host pid of the running machine `id`'s init, through which the host finds the
+    /// processes in its pid namespace; `None` when the machine is missing or not running.
+    /// Errors: `Unavailable`.
+    async fn init_pid(&self, id: &str) -> Result<Option<u32>>;
+
     /// Every Narya-labelled machine in the runtime.
     async fn list(&self) -> Result<Vec<MachineInfo>>;
 
@@ -316,11 +330,12 @@ pub trait Runtime: Send + Sync {
         Ok(machines)
     }
 
-    /// A stream that yields whenever the runtime reports a change to its machines (a process
-    /// exited, a container went), and ends when the runtime stops reporting. A nudge to look
-    /// again with `list`/`inspect`, never the truth itself. Processes run with `run` ending are
-    /// not changes to machines and are not reported. Errors: `Unavailable`.
-    async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>>;
+    /// A stream of the changes the runtime reports to its machines (a machine's init exited,
+    /// a container went), each naming the machine when the runtime does; it ends when the
+    /// runtime stops reporting. A nudge to look again with `inspect` (or `list`, for
+    /// [`Change::Unknown`]), never the truth itself. Processes run with `run` ending are not
+    /// changes to machines and are not reported. Errors: `Unavailable`.
+    async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, Change>>;
 
     /// Starts a stopped machine again with its workspace. Idempotent on a running machine.
     /// A machine whose state the runtime cannot tell is left alone: `Unavailable`, never a

@@ -36,7 +36,7 @@ pub async fn create(
             .environments
             .create_streamed(principal, request)
             .await?;
-        return Ok(stream::create_progress(run));
+        return Ok(stream::create_progress(run, state.cut.clone()));
     }
     let created = state.environments.create(principal, request).await?;
     let status = if created.is_new() {
@@ -131,7 +131,7 @@ pub async fn exec(
     )?;
     let run = state.environments.exec(&principal, id, request).await?;
     if stream::wants_ndjson(&headers) {
-        return Ok(stream::exec_output(run));
+        return Ok(stream::exec_output(run, state.cut.clone()));
     }
     let outcome = run.outcome().await?;
     Ok(Json(ExecResult {

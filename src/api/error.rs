@@ -40,6 +40,9 @@ pub enum ApiError {
     Environment(#[from] EnvironmentError),
     #[error(transparent)]
     Organisation(#[from] OrganisationError),
+    /// The daemon stopped at its shutdown timeout with the answer still streaming.
+    #[error("the host is shutting down and its shutdown timeout ended this stream; what it ran was stopped; repeat the request once the host is back")]
+    ShuttingDown,
 }
 
 const BAD_REQUEST: StatusCode = StatusCode::BAD_REQUEST;
@@ -62,6 +65,7 @@ impl ApiError {
             ApiError::NoRoute { .. } => (NOT_FOUND, "NRY-0030"),
             ApiError::Environment(e) => environment_parts(e.cause()),
             ApiError::Organisation(o) => organisation_parts(o),
+            ApiError::ShuttingDown => INTERNAL,
         }
     }
 

@@ -2,6 +2,7 @@
 
 mod environments;
 mod error;
+mod events;
 mod extract;
 mod organisation;
 pub mod routes;
@@ -23,6 +24,7 @@ use utoipa::OpenApi;
 use crate::auth::Verifier;
 use crate::config::Config;
 use crate::environments::Environments;
+use crate::metrics::Metrics;
 use crate::organisation::Organisations;
 pub use error::{ApiError, ErrorBody, ServerFault};
 pub use stream::CREATE_DIFFERS;
@@ -34,6 +36,9 @@ pub struct AppState {
     pub verifier: Arc<Verifier>,
     pub environments: Arc<Environments>,
     pub organisations: Arc<Organisations>,
+    /// Cancelled when the shutdown timeout expires: open streams end with an error line.
+    pub cut: tokio_util::sync::CancellationToken,
+    pub metrics: Metrics,
 }
 
 #[derive(OpenApi)]
@@ -46,6 +51,7 @@ pub struct AppState {
         environments::delete,
         environments::exec,
         environments::replace,
+        events::events,
         organisation::connect_github,
         openapi_document,
     ),
@@ -96,6 +102,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route(routes::ENVIRONMENT_EXEC, post(environments::exec))
         .route(routes::ENVIRONMENT_REPLACE, post(environments::replace))
+        .route(routes::EVENTS, get(events::events))
         .route(
             routes::ORGANISATION_GITHUB,
             put(organisation::connect_github),
@@ -143,6 +150,7 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
         }
         Err(reason) => {
             tracing::info!(%reason, "request refused: not authenticated");
+            state.metrics.jwt_refused(&reason);
             ApiError::Unauthenticated.into_response()
         }
     }

@@ -8,6 +8,8 @@ pub const ENVIRONMENT: &str = "/v1/environments/{id}";
 pub const ENVIRONMENT_EXEC: &str = "/v1/environments/{id}/exec";
 /// `POST` makes a gone environment again from its pinned digest.
 pub const ENVIRONMENT_REPLACE: &str = "/v1/environments/{id}/replace";
+/// `GET` streams the organisation's status changes.
+pub const EVENTS: &str = "/v1/events";
 /// `PUT` connects the organisation's GitHub App installation.
 pub const ORGANISATION_GITHUB: &str = "/v1/organisation/github";
 /// `GET` answers the OpenAPI document.
@@ -124,7 +126,7 @@ mod tests {
 
     #[test]
     fn the_fixed_paths_have_no_placeholder() {
-        for path in [ENVIRONMENTS, ORGANISATION_GITHUB, OPENAPI] {
+        for path in [ENVIRONMENTS, EVENTS, ORGANISATION_GITHUB, OPENAPI] {
             assert!(!path.contains('{'), "{path}");
         }
     }

@@ -5,8 +5,9 @@ use std::convert::Infallible;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures_util::Stream;
+use futures_util::{FutureExt, Stream};
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
 
 use super::types::EnvironmentView;
 use super::ApiError;
@@ -35,6 +36,15 @@ where
     response
 }
 
+/// A streamed answer of JSON values, one a line.
+pub fn ndjson_values<S>(status: StatusCode, values: S) -> Response
+where
+    S: Stream<Item = Value> + Send + 'static,
+{
+    use futures_util::StreamExt;
+    ndjson(status, values.map(|value| line(&value)))
+}
+
 fn line(value: &Value) -> Result<Bytes, Infallible> {
     let mut bytes = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     bytes.push(b'\n');
@@ -46,20 +56,46 @@ fn error_line(e: ApiError) -> Value {
     json!({"error": {"code": e.code(), "message": e.to_string()}})
 }
 
+/// The most lines a cut stream still sends of what was ready when it was cut.
+const DRAINED_AT_CUT: usize = 256;
+
+/// The last bytes of a stream cut at shutdown: `ready` (what was produced already), then the
+/// error line that says why it ends.
+fn cut_short(ready: Vec<Value>) -> Result<Bytes, Infallible> {
+    let mut bytes = Vec::new();
+    for value in ready.iter().chain([&error_line(ApiError::ShuttingDown)]) {
+        let Ok(chunk) = line(value);
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(bytes))
+}
+
 /// A create's progress events until it ends, then `{"environment": …}` (or `{"error": …}`);
 /// `201` when it is making the environment, `200` when it joined or found one.
-pub fn create_progress(run: CreateStream) -> Response {
+/// When `cut` is cancelled (the shutdown timeout), it ends with an error line instead.
+pub fn create_progress(run: CreateStream, cut: CancellationToken) -> Response {
     let differs = run.differs();
     let status = if run.is_new() {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    let lines = futures_util::stream::unfold(Some(run), |run| async move {
-        let mut run = run?;
-        if let Some(progress) = run.next().await {
-            let value = serde_json::to_value(&progress).unwrap_or_default();
-            return Some((line(&value), Some(run)));
+    let value = |progress| serde_json::to_value(&progress).unwrap_or_default();
+    let lines = futures_util::stream::unfold(Some((run, cut)), move |state| async move {
+        let (mut run, cut) = state?;
+        let next = tokio::select! {
+            biased;
+            next = run.next() => next,
+            () = cut.cancelled() => {
+                let ready = std::iter::from_fn(|| run.next().now_or_never().flatten())
+                    .take(DRAINED_AT_CUT)
+                    .map(value)
+                    .collect();
+                return Some((cut_short(ready), None));
+            }
+        };
+        if let Some(progress) = next {
+            return Some((line(&value(progress)), Some((run, cut))));
         }
         let last = match run.outcome().await {
             Ok(created) => json!({"environment": EnvironmentView::from(created.record())}),
@@ -89,11 +125,24 @@ pub fn say_differs(response: &mut Response, differs: Differs) {
 }
 
 /// An exec's output chunks as they come, then `{"exit_code", "timed_out", "duration_ms"}`.
-pub fn exec_output(run: ExecRun) -> Response {
-    let lines = futures_util::stream::unfold(Some(run), |run| async move {
-        let mut run = run?;
-        if let Some(output) = run.next_output().await {
-            return Some((line(&json!({ "output": output })), Some(run)));
+/// When `cut` is cancelled (the shutdown timeout), it ends with an error line instead, and the
+/// command, nobody reading it any more, is killed.
+pub fn exec_output(run: ExecRun, cut: CancellationToken) -> Response {
+    let lines = futures_util::stream::unfold(Some((run, cut)), |state| async move {
+        let (mut run, cut) = state?;
+        let next = tokio::select! {
+            biased;
+            next = run.next_output() => next,
+            () = cut.cancelled() => {
+                let ready = std::iter::from_fn(|| run.next_output().now_or_never().flatten())
+                    .take(DRAINED_AT_CUT)
+                    .map(|output| json!({ "output": output }))
+                    .collect();
+                return Some((cut_short(ready), None));
+            }
+        };
+        if let Some(output) = next {
+            return Some((line(&json!({ "output": output })), Some((run, cut))));
         }
         let last = match run.outcome().await {
             Ok(outcome) => json!({

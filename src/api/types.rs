@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::model::Status;
 use crate::store::{EnvironmentRecord, SetupRecord};
 
 /// Request to provision an environment. No image is named: there is one official image.
@@ -124,6 +125,30 @@ pub struct ConnectGitHubBody {
     pub installation_id: u64,
 }
 
+impl From<Status> for StatusView {
+    fn from(status: Status) -> Self {
+        match status {
+            Status::Ready => StatusView::Ready,
+            Status::Degraded => StatusView::Degraded,
+            Status::Gone => StatusView::Gone,
+            Status::Unusable => StatusView::Unusable,
+        }
+    }
+}
+
+/// One line of `GET /v1/events`: an environment's status as it was just written.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct EventLine {
+    #[schema(example = "demo")]
+    pub id: String,
+    pub status: StatusView,
+    /// Null when the status says it all.
+    pub status_detail: Option<String>,
+    /// When the status was written (RFC 3339).
+    #[schema(example = "2026-01-01T12:00:00Z")]
+    pub at: String,
+}
+
 impl From<&SetupRecord> for SetupView {
     fn from(s: &SetupRecord) -> Self {
         SetupView {
@@ -140,15 +165,9 @@ impl From<&SetupRecord> for SetupView {
 
 impl From<&EnvironmentRecord> for EnvironmentView {
     fn from(r: &EnvironmentRecord) -> Self {
-        use crate::model::Status;
         EnvironmentView {
             id: r.id.to_string(),
-            status: match r.status {
-                Status::Ready => StatusView::Ready,
-                Status::Degraded => StatusView::Degraded,
-                Status::Gone => StatusView::Gone,
-                Status::Unusable => StatusView::Unusable,
-            },
+            status: StatusView::from(r.status),
             status_detail: r.status_detail.clone(),
             image_digest: r.image_digest.to_string(),
             repository: r.repository.as_ref().map(ToString::to_string),

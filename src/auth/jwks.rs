@@ -178,7 +178,7 @@ impl KeyCache {
     /// the fetch is tried again soon. The caller holds `fetch`.
     async fn reload(&self, why: &'static str) {
         match self.fetch_key_set().await {
-            Ok((set, max_age)) => {
+            Ok((set, max_age, _)) => {
                 tracing::info!(
                     keys = set.by_kid.len() + set.without_kid.len(),
                     why,
@@ -201,6 +201,13 @@ impl KeyCache {
     pub async fn preload(&self) {
         let _guard = self.fetch.lock().await;
         self.reload("start-up").await;
+    }
+
+    /// Fetches the key set now, without keeping it: how many keys of the allowed algorithms
+    /// it holds, and where it came from. For `naryad check-config`.
+    pub async fn fetch_for_check(&self) -> Result<(usize, String), JwksError> {
+        let (set, _, uri) = self.fetch_key_set().await?;
+        Ok((set.by_kid.len() + set.without_kid.len(), uri))
     }
 
     /// The key for a token's `kid` and `alg`: from the held set while it is fresh, else after
@@ -245,17 +252,15 @@ impl KeyCache {
         self.current().find(kid, alg)
     }
 
-    /// The key set and how long its answer may be cached.
-    async fn fetch_key_set(&self) -> Result<(KeySet, Option<Duration>), JwksError> {
+    /// The key set, how long its answer may be cached, and where it came from.
+    async fn fetch_key_set(&self) -> Result<(KeySet, Option<Duration>, String), JwksError> {
         let uri = match &self.source {
             Source::Uri(uri) => uri.clone(),
             Source::Discovery { issuer } => self.discover(issuer).await?,
         };
         let fetched = self.fetch_json(&uri).await?;
-        Ok((
-            self.parse_key_set(&uri, &fetched.document)?,
-            fetched.max_age,
-        ))
+        let set = self.parse_key_set(&uri, &fetched.document)?;
+        Ok((set, fetched.max_age, uri))
     }
 
     async fn discover(&self, issuer: &str) -> Result<String, JwksError> {

@@ -84,6 +84,12 @@ impl Verifier {
         self.keys.preload().await;
     }
 
+    /// Fetches the identity provider's key set once, for `naryad check-config`: the number of
+    /// usable keys and the key set's URL.
+    pub async fn check_key_set(&self) -> Result<(usize, String), JwksError> {
+        self.keys.fetch_for_check().await
+    }
+
     /// Verifies `token` and names who it speaks for.
     pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
         let header =

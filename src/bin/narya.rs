@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use narya::api::types::{ConnectGitHubBody, CreateBody, EnvironmentView, ExecBody, StatusView};
-use narya::client::{Client, ClientError, CreateEvent, Endpoint, ExecEvent, StepState};
+use narya::client::{Client, ClientError, CreateEvent, Endpoint, ExecEvent, StepState, WatchEvent};
 use narya::config::DEFAULT_SOCKET;
 use narya::devkeys::{self, DevKey, TokenRequest};
 use serde::Serialize;
@@ -75,6 +75,9 @@ enum EnvCommand {
     Delete { id: String },
     /// Make a gone environment again from its pinned digest, keeping its workspace.
     Replace { id: String },
+    /// Print the organisation's status changes as they happen (of one environment with ID),
+    /// until the daemon stops.
+    Watch { id: Option<String> },
     /// Run a command in a ready environment.
     Exec {
         id: String,
@@ -235,6 +238,7 @@ async fn run_env(client: &Client, command: &EnvCommand, json_out: bool) -> anyho
             let environment = client.replace(id).await?;
             show_environment(&environment, json_out)
         }
+        EnvCommand::Watch { id } => watch(client, id.as_deref(), json_out).await,
         EnvCommand::List => {
             let list = client.list().await?;
             let mut out = std::io::stdout().lock();
@@ -383,6 +387,38 @@ async fn create_streamed(
     } else {
         Outcome::Done
     })
+}
+
+/// Prints status changes as they come, one a line, until the daemon ends the stream. "watching"
+/// goes to stderr once the daemon has subscribed, so a script knows nothing later is missed.
+async fn watch(client: &Client, only: Option<&str>, json_out: bool) -> anyhow::Result<Outcome> {
+    let mut changes = client.watch().await?;
+    match only {
+        Some(id) => eprintln!("watching {id}"),
+        None => eprintln!("watching every environment of the organisation"),
+    }
+    let mut out = std::io::stdout();
+    while let Some(event) = changes.next_event().await? {
+        match event {
+            WatchEvent::Lagged(missed) => {
+                eprintln!("warning: fell behind and missed {missed} status changes");
+            }
+            WatchEvent::Changed(change) if only.is_some_and(|id| id != change.id) => {}
+            WatchEvent::Changed(change) if json_out => print_json(&mut out, &change)?,
+            WatchEvent::Changed(change) => {
+                let status = serde_json::to_value(change.status)?;
+                let status = status.as_str().unwrap_or_default();
+                match &change.status_detail {
+                    Some(detail) => {
+                        writeln!(out, "{}  {}  {status}  {detail}", change.at, change.id)?
+                    }
+                    None => writeln!(out, "{}  {}  {status}", change.at, change.id)?,
+                }
+            }
+        }
+        out.flush()?;
+    }
+    Ok(Outcome::Done)
 }
 
 /// Runs a command with its output streamed to stdout; exits with the command's exit code

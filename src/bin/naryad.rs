@@ -26,6 +26,9 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Check the configuration as a start would (paths, sockets, the runtime, the identity
+    /// provider's keys, the image, the GitHub App) without serving; exit 1 on any problem.
+    CheckConfig,
     /// Run the runtime conformance suite against the configured back end.
     Conformance,
     /// Pack a rootfs tar into an OCI image layout and print the manifest digest on stdout.
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
         None => serve(args.config),
+        Some(Command::CheckConfig) => check_config(&args.config),
         Some(Command::Conformance) => conformance(args.config),
         Some(Command::PackImage(pack)) => pack_image(pack),
     }
@@ -112,6 +116,45 @@ fn conformance(config_path: PathBuf) -> ExitCode {
             eprintln!("naryad conformance: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Prints one line per thing checked (`ok: …` or `problem: …`) and a summary on stderr.
+fn check_config(config_path: &Path) -> ExitCode {
+    // Logs only when asked: the report is the output.
+    start_logging(LogFormat::Text, "off");
+    let scratch = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("naryad check-config: cannot make a scratch directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("naryad check-config: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let findings = runtime.block_on(narya::check_config::check(config_path, scratch.path()));
+    runtime.shutdown_background();
+    for finding in &findings {
+        println!("{finding}");
+    }
+    let problems = findings.iter().filter(|f| f.problem).count();
+    if problems == 0 {
+        eprintln!(
+            "naryad check-config: {}: no problems",
+            config_path.display()
+        );
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "naryad check-config: {}: {problems} problem(s)",
+            config_path.display()
+        );
+        ExitCode::FAILURE
     }
 }
 

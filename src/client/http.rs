@@ -178,8 +178,19 @@ impl Client {
         value: &T,
     ) -> Result<Streamed, ClientError> {
         let body = serde_json::to_vec(value).map_err(|e| self.http_error(e))?;
+        self.stream(method, path, Some(body)).await
+    }
+
+    /// Sends a request asking for an NDJSON stream; the answer's lines can be read as they
+    /// arrive.
+    pub async fn stream(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Streamed, ClientError> {
         let response = self
-            .open(method, path, Some(body), Some("application/x-ndjson"))
+            .open(method, path, body, Some("application/x-ndjson"))
             .await?;
         let status = response.status();
         let streaming = response

@@ -13,7 +13,9 @@ use crate::api::types::{
 };
 use crate::api::ErrorBody;
 pub use http::{Answer, Streamed};
-pub use stream::{CreateEvent, CreateStream, ExecEvent, ExecExit, ExecStream, StepState};
+pub use stream::{
+    CreateEvent, CreateStream, ExecEvent, ExecExit, ExecStream, StepState, WatchEvent, WatchStream,
+};
 
 /// Where the daemon listens.
 #[derive(Clone, Debug)]
@@ -184,6 +186,15 @@ impl Client {
         let path = routes::environment_exec(id);
         let lines = self.stream_json(Method::POST, &path, body).await?;
         Ok(ExecStream {
+            lines: lines.into_stream().await?,
+        })
+    }
+
+    /// The organisation's status changes from now on, read as they happen. Returns once the
+    /// daemon has subscribed: nothing written after that is missed.
+    pub async fn watch(&self) -> Result<WatchStream, ClientError> {
+        let lines = self.stream(Method::GET, routes::EVENTS, None).await?;
+        Ok(WatchStream {
             lines: lines.into_stream().await?,
         })
     }

@@ -5,7 +5,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::{ClientError, Streamed};
-use crate::api::types::EnvironmentView;
+use crate::api::types::{EnvironmentView, EventLine};
 
 /// Whether a create's step began or ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -112,6 +112,36 @@ impl ExecStream {
             if line.get("timed_out").is_some() {
                 let exit = decode_value(line, "a command's exit")?;
                 return Ok(Some(ExecEvent::Exited(exit)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// What `GET /v1/events` reports as it happens (heartbeats are read and skipped).
+#[derive(Debug)]
+pub enum WatchEvent {
+    /// An environment's status was just written.
+    Changed(EventLine),
+    /// The reader fell behind and missed this many changes.
+    Lagged(u64),
+}
+
+/// The organisation's status changes, read as they happen.
+pub struct WatchStream {
+    pub(super) lines: Streamed,
+}
+
+impl WatchStream {
+    /// The next change (or how many were missed); `None` when the daemon ends the stream.
+    pub async fn next_event(&mut self) -> Result<Option<WatchEvent>, ClientError> {
+        while let Some(mut line) = self.lines.next_json().await? {
+            if let Some(missed) = line.get("lagged").and_then(|n| n.as_u64()) {
+                return Ok(Some(WatchEvent::Lagged(missed)));
+            }
+            stream_failure(&mut line)?;
+            if line.get("status").is_some() {
+                return Ok(Some(WatchEvent::Changed(decode_value(line, "an event")?)));
             }
         }
         Ok(None)

@@ -205,6 +205,7 @@ audience = "narya"
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/narya"));
         assert_eq!(c.listen.socket, PathBuf::from("/run/narya/narya.sock"));
         assert_eq!(c.listen.tcp, None);
+        assert_eq!(c.listen.metrics, None, "metrics are off by default");
         assert_eq!(c.shutdown_timeout.0, Duration::from_secs(30));
         assert_eq!(c.listen.header_timeout.0, Duration::from_secs(10));
         assert_eq!(c.listen.idle_timeout.0, Duration::from_secs(120));
@@ -266,13 +267,15 @@ audience = "narya"
     fn json_logs_and_transport_limits_are_read() {
         let text = format!(
             "shutdown_timeout = \"2s\"\n{MINIMAL}\n[listen]\nheader_timeout = \"3s\"\n\
-             idle_timeout = \"4s\"\nmax_connections = 5\n\n[log]\nformat = \"json\"\n"
+             idle_timeout = \"4s\"\nmax_connections = 5\nmetrics = \"127.0.0.1:9464\"\n\n\
+             [log]\nformat = \"json\"\n"
         );
         let c = Config::parse(&text).unwrap();
         assert_eq!(c.shutdown_timeout.0, Duration::from_secs(2));
         assert_eq!(c.listen.header_timeout.0, Duration::from_secs(3));
         assert_eq!(c.listen.idle_timeout.0, Duration::from_secs(4));
         assert_eq!(c.listen.max_connections, 5);
+        assert_eq!(c.listen.metrics, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(c.log.format, LogFormat::Json);
     }
 

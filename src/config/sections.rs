@@ -19,6 +19,8 @@ pub struct Listen {
     #[serde(default = "default_socket")]
     pub socket: PathBuf,
     pub tcp: Option<SocketAddr>,
+    /// Where Prometheus metrics are served (`GET /metrics`, no token); absent: nowhere.
+    pub metrics: Option<SocketAddr>,
     /// A request whose headers are not complete by then is dropped: a silent or slow client
     /// costs one file descriptor for at most this long.
     #[serde(default = "default_header_timeout")]
@@ -267,6 +269,7 @@ impl Default for Listen {
         Listen {
             socket: default_socket(),
             tcp: None,
+            metrics: None,
             header_timeout: default_header_timeout(),
             idle_timeout: default_idle_timeout(),
             max_connections: default_max_connections(),

@@ -18,6 +18,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -43,6 +44,7 @@ pub async fn serve<L: Listener>(
     router: Router,
     limits: Limits,
     stop: CancellationToken,
+    open: Gauge,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut connections = JoinSet::new();
@@ -60,12 +62,13 @@ pub async fn serve<L: Listener>(
             () = stop.cancelled() => break,
         };
         while connections.try_join_next().is_some() {}
+        let counted = Open::counted(&open);
         connections.spawn(serve_connection(
             io,
             router.clone(),
             limits,
             stop.clone(),
-            slot,
+            (slot, counted),
         ));
     }
     drop(listener);
@@ -73,13 +76,13 @@ pub async fn serve<L: Listener>(
 }
 
 /// Serves one connection until the client closes it, its header or idle bound runs out, or
-/// `stop` asks it to finish. Its slot is given back when it ends.
+/// `stop` asks it to finish. Its slot is given back, and its count taken back, when it ends.
 async fn serve_connection<I>(
     io: I,
     router: Router,
     limits: Limits,
     stop: CancellationToken,
-    _slot: OwnedSemaphorePermit,
+    _held: (OwnedSemaphorePermit, Open),
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -124,6 +127,22 @@ async fn serve_connection<I>(
                 }
             }
         }
+    }
+}
+
+/// One open connection, counted in its listener's gauge while it lives.
+struct Open(Gauge);
+
+impl Open {
+    fn counted(gauge: &Gauge) -> Open {
+        gauge.inc();
+        Open(gauge.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -265,13 +265,20 @@ impl Environments {
         // Subscribed now so the image events reach the announced stream too.
         let (events, from_the_start) = broadcast::channel(PROGRESS_BACKLOG);
         let _ = events.send(Progress::started("image"));
+        let image = ImageSource {
+            reference: self.config.image.reference.clone(),
+            pinned: None,
+        };
         let pinned = self
-            .runtime
-            .ensure_image(&ImageSource {
-                reference: self.config.image.reference.clone(),
-                pinned: None,
-            })
-            .await?;
+            .metrics
+            .create_step("image", self.runtime.ensure_image(&image));
+        let pinned = match pinned.await {
+            Ok(pinned) => pinned,
+            Err(e) => {
+                self.metrics.create_ended(None);
+                return Err(e.into());
+            }
+        };
         tracing::info!(digest = %pinned.digest, "image pinned");
         let now = now_rfc3339();
         let mut row = EnvironmentRecord {
@@ -308,7 +315,10 @@ impl Environments {
             // every event (the whole setup output, up to the channel's capacity) until it ends.
             None => drop(from_the_start),
         }
-        match self.make(&mut row, request, clone, pinned, &events).await {
+        let made = self.make(&mut row, request, clone, pinned, &events).await;
+        self.metrics
+            .create_ended(made.as_ref().ok().map(|()| row.status));
+        match made {
             Ok(()) => {
                 tracing::info!(status = row.status.as_str(), "environment recorded");
                 in_flight.land(Ok(row.clone()));
@@ -341,9 +351,8 @@ impl Environments {
                     .set_step(organisation, id, SetupStep::Clone, &now_rfc3339())
                     .await?;
                 let _ = events.send(Progress::started("clone"));
-                let cloned = self
-                    .run_clone(id, &pinned, &workspace, clone, events)
-                    .await?;
+                let cloned = self.run_clone(id, &pinned, &workspace, clone, events);
+                let cloned = self.metrics.create_step("clone", cloned).await?;
                 let _ = events.send(Progress::finished("clone"));
                 if cloned.state != SetupState::Succeeded {
                     // No machine is made after a failed clone: nothing of this environment runs,
@@ -356,15 +365,16 @@ impl Environments {
                 .set_step(organisation, id, SetupStep::Setup, &now_rfc3339())
                 .await?;
             let _ = events.send(Progress::started("machine"));
-            self.runtime
-                .create_machine(&self.machine_spec(row, pinned, workspace))
-                .await?;
+            let spec = self.machine_spec(row, pinned, workspace);
+            let machine = self.runtime.create_machine(&spec);
+            self.metrics.create_step("machine", machine).await?;
             let _ = events.send(Progress::finished("machine"));
             tracing::info!("machine started");
             match &request.setup {
                 Some(script) => {
                     let _ = events.send(Progress::started("setup"));
-                    let setup = self.run_setup(&row.machine, script, events).await?;
+                    let setup = self.run_setup(&row.machine, script, events);
+                    let setup = self.metrics.create_step("setup", setup).await?;
                     let _ = events.send(Progress::finished("setup"));
                     Ok(Some(setup))
                 }

@@ -65,9 +65,13 @@ impl Environments {
         };
         // The command runs in a task of its own that ends when it does; the run holds the
         // receiving end of its output, so a caller that goes away takes the command with it.
-        let runtime = self.runtime.clone();
+        let environments = self.clone();
+        let metrics = self.metrics.clone();
         let task = tokio::spawn(async move {
-            match runtime.run(&machine, &spec).await {
+            let started = std::time::Instant::now();
+            let ran = environments.run_bounded(&machine, spec).await;
+            metrics.exec_ended(ran.as_ref().ok(), started.elapsed());
+            match ran {
                 Ok(outcome) => Ok(outcome),
                 Err(e) if e.kind() == ErrorKind::NotFound => {
                     Err(EnvironmentError::NoRunningMachine { id, source: e })

@@ -11,6 +11,7 @@ use sha2::{Digest as _, Sha256};
 use tokio_util::task::TaskTracker;
 
 mod answer;
+mod bounds;
 mod clone;
 mod create;
 mod delete;
@@ -26,6 +27,7 @@ mod setup;
 mod tests;
 
 pub use answer::{CreateStream, Created, Differs};
+pub use bounds::MARK as RUN_MARK;
 pub use error::EnvironmentError;
 pub use exec::ExecRun;
 pub use progress::{Progress, Utf8Chunks};
@@ -34,6 +36,7 @@ pub use request::{fingerprint, CreateRequest, ExecRequest, InvalidExec};
 
 use crate::auth::Principal;
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::model::EnvironmentId;
 use crate::organisation::Organisations;
 use crate::store::{EnvironmentRecord, Store};
@@ -63,8 +66,11 @@ pub struct Environments {
     config: Arc<Config>,
     organisations: Arc<Organisations>,
     locks: locks::Locks,
+    /// The bounds of setups and execs, which outlive this daemon.
+    bounds: bounds::Bounds,
     /// Creates, deletes and replaces in flight, which shutdown waits for.
     tasks: TaskTracker,
+    metrics: Metrics,
 }
 
 impl Environments {
@@ -77,11 +83,24 @@ impl Environments {
         Environments {
             store,
             runtime,
+            bounds: bounds::Bounds::new(config.state_dir.join("runs")),
             config,
             organisations,
             locks: locks::Locks::default(),
             tasks: TaskTracker::new(),
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Counts what happens into `metrics` (by default, into a handle nobody reads).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Environments {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Where every status change of every environment is published.
+    pub fn events(&self) -> &crate::events::Events {
+        self.store.events()
     }
 
     /// Waits for every create, delete and replace in flight to record its outcome.

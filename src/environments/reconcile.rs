@@ -1,12 +1,14 @@
 //! Keeping statuses true: the store compared with the runtime at start-up and then every few
-//! seconds. Stopped machines are started again, missing ones are `gone`, and an unreachable
+//! seconds, and a machine the runtime reports changed looked at alone at once. Stopped machines are started again, missing ones are `gone`, and an unreachable
 //! runtime makes every environment `degraded` until it answers.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use narya_runtimes::{ErrorKind, MachineInfo, MachineState};
+use futures_util::stream::BoxStream;
+use narya_runtimes::{Change, ErrorKind, MachineInfo, MachineState};
+use tokio::time::Instant;
 
 use super::create::UNDO_PENDING;
 use super::delete::unix_now;
@@ -30,6 +32,42 @@ const INTERRUPTED: &str = "its creation was interrupted before the setup state w
 /// The output of a step the host stopped during.
 const INTERRUPTED_OUTPUT: &str = "narya: the host stopped during this step, so nobody can say what it left behind; delete this environment and create it again\n";
 
+/// What a burst of runtime changes asks for.
+enum Burst {
+    /// A look at the machines it named.
+    Named,
+    /// A full pass: something changed that the runtime did not name.
+    Unnamed,
+    /// The stream ended.
+    Ended,
+}
+
+/// Gathers the burst that `first` begins (an exit, a delete, … arrive together) for a moment,
+/// the machines it names into `changed`.
+async fn burst(
+    stream: &mut BoxStream<'static, Change>,
+    first: Option<Change>,
+    changed: &mut BTreeSet<String>,
+) -> Burst {
+    use futures_util::StreamExt;
+    let settled = Instant::now() + CHANGE_SETTLE;
+    let mut burst = Burst::Named;
+    let mut next = first;
+    loop {
+        match next {
+            Some(Change::Machine(machine)) => {
+                changed.insert(machine);
+            }
+            Some(Change::Unknown) => burst = Burst::Unnamed,
+            None => return Burst::Ended,
+        }
+        match tokio::time::timeout_at(settled, stream.next()).await {
+            Ok(change) => next = change,
+            Err(_) => return burst,
+        }
+    }
+}
+
 impl Environments {
     /// Records the creates and replaces a previous daemon left under way as interrupted in the
     /// step they were in: nothing is provisioning them now, and nobody can say what they left.
@@ -52,46 +90,96 @@ impl Environments {
         Ok(())
     }
 
-    /// Compares store and runtime until the daemon stops: at once when the runtime reports a
-    /// change to its machines, and every few seconds whatever it reports.
+    /// Compares store and runtime until the daemon stops: a machine the runtime reports
+    /// changed is looked at alone (one state call) at once, and every few seconds, whatever it
+    /// reports, all of them are (the floor, and what a change it cannot name asks for).
     pub async fn reconcile_forever(self: Arc<Self>) {
         use futures_util::StreamExt;
         let mut wait = POLL;
         let mut orphans_reported = HashSet::new();
         let mut changes = None;
+        // Subscribing is tried once a full pass at most: a runtime that is down ends a
+        // subscription at once, and must not be asked again in a tight loop.
+        let mut subscribe = true;
+        let mut swept = false;
+        let mut full_pass_at = Instant::now();
+        let mut changed = BTreeSet::new();
         loop {
-            wait = match self.reconcile_once(&mut orphans_reported).await {
-                Ok(()) => POLL,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reconciling failed; retrying");
-                    changes = None;
-                    (wait * 2).min(BACKOFF_MAX)
+            if Instant::now() >= full_pass_at {
+                changed.clear();
+                let passed = self.reconcile_once(&mut orphans_reported).await;
+                self.metrics.reconciled(passed.is_ok());
+                wait = match passed {
+                    Ok(()) => {
+                        // Once the runtime answers: what earlier daemons left running goes.
+                        if !swept {
+                            swept = self.sweep_earlier_runs().await;
+                        }
+                        POLL
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reconciling failed; retrying");
+                        changes = None;
+                        (wait * 2).min(BACKOFF_MAX)
+                    }
+                };
+                full_pass_at = Instant::now() + wait;
+                subscribe = true;
+            }
+            if !changed.is_empty() {
+                let passed = self.reconcile_machines(&std::mem::take(&mut changed)).await;
+                self.metrics.reconciled(passed.is_ok());
+                if let Err(e) = passed {
+                    tracing::warn!(error = %e, "cannot look at the machines that changed; looking at all of them");
+                    full_pass_at = Instant::now();
+                    continue;
                 }
-            };
-            if changes.is_none() {
+            }
+            if changes.is_none() && subscribe {
+                subscribe = false;
                 changes = self.runtime.changes().await.ok();
             }
-            let nudged = match changes.as_mut() {
-                Some(stream) => tokio::select! {
-                    event = stream.next() => Some(event.is_some()),
-                    _ = tokio::time::sleep(wait) => None,
-                },
-                None => {
-                    tokio::time::sleep(wait).await;
-                    None
-                }
+            let Some(stream) = changes.as_mut() else {
+                tokio::time::sleep_until(full_pass_at).await;
+                continue;
             };
-            match nudged {
-                // A burst of events (exit, delete, …) is one change: let it finish arriving.
-                Some(true) => tokio::time::sleep(CHANGE_SETTLE).await,
-                // The runtime stopped reporting: wait as usual, then look and subscribe again.
-                Some(false) => {
-                    changes = None;
-                    tokio::time::sleep(wait).await;
-                }
-                None => {}
+            let first = tokio::select! {
+                change = stream.next() => change,
+                _ = tokio::time::sleep_until(full_pass_at) => continue,
+            };
+            match burst(stream, first, &mut changed).await {
+                Burst::Named => {}
+                Burst::Unnamed => full_pass_at = Instant::now(),
+                // The runtime stopped reporting: the next full pass looks, then subscribes again.
+                Burst::Ended => changes = None,
             }
         }
+    }
+
+    /// Looks at machine `machine` alone, when the runtime reported it changed: one state call
+    /// if it serves an environment the store knows, none otherwise (a throwaway, an orphan:
+    /// the full pass reports those). Errors: the store or the runtime did not answer.
+    pub async fn reconcile_machine(&self, machine: &str) -> Result<(), String> {
+        self.reconcile_machines(&BTreeSet::from([machine.to_owned()]))
+            .await
+    }
+
+    /// As [`Environments::reconcile_machine`], for each of `machines`: one read of the store,
+    /// and one state call for each machine it knows.
+    async fn reconcile_machines(&self, machines: &BTreeSet<String>) -> Result<(), String> {
+        let rows = self.store.list_all().await.map_err(|e| e.to_string())?;
+        let mut failed = None;
+        for row in rows.iter().filter(|r| {
+            machines.contains(&r.machine)
+                && r.deleted_at.is_none()
+                && r.setup_recorded
+                && r.status != Status::Unusable
+        }) {
+            if let Err(e) = self.look_at(row).await {
+                failed = Some(e);
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// One comparison. An unreachable runtime is not an error of the pass: it is a status.
@@ -144,7 +232,11 @@ impl Environments {
                 Some(MachineState::Running) => self.settle(row, Status::Ready, None).await,
                 // Nobody can tell right now (a busy shim): asked again on the next pass.
                 Some(MachineState::Unknown) => {}
-                Some(MachineState::Stopped | MachineState::Missing) => self.restart(row).await,
+                Some(MachineState::Stopped | MachineState::Missing) => {
+                    if let Err(e) = self.look_at(row).await {
+                        tracing::warn!(environment.id = %row.id, error = %e, "cannot confirm a stopped machine; asking again later");
+                    }
+                }
                 None => {
                     if row.status == Status::Gone || self.release_lost(row).await {
                         self.settle(row, Status::Gone, Some(MISSING)).await
@@ -256,32 +348,49 @@ impl Environments {
         }
     }
 
-    /// Starts a machine seen stopped again, holding its environment's lock so that no create,
-    /// delete or replace races it, and only once the runtime says again that it is stopped: a
-    /// machine whose state it cannot tell is never restarted.
-    async fn restart(&self, row: &EnvironmentRecord) {
+    /// Looks at `row`'s machine under its environment's lock (so that no create, delete or
+    /// replace races it) with one state call, and acts only on what the runtime is sure of: a
+    /// machine seen stopped is started again, a missing one is `gone`, a running one `ready`;
+    /// one whose state it cannot tell is left alone. A held lock leaves it to a later look.
+    async fn look_at(&self, row: &EnvironmentRecord) -> Result<(), String> {
         let Some(_guard) = self.locks.try_lock(&row.id) else {
-            return;
+            return Ok(());
         };
         let Some(current) = self.settled_row(row).await else {
-            return;
+            return Ok(());
         };
         match self.runtime.inspect(&current.machine).await {
-            Ok(MachineState::Stopped) => {}
-            Ok(state) => {
-                tracing::debug!(environment.id = %row.id, ?state, "no longer seen stopped; left alone");
-                return;
+            Ok(MachineState::Running) => self.record_status(&current, Status::Ready, None).await,
+            Ok(MachineState::Stopped) => self.restart(current).await,
+            Ok(MachineState::Missing) => {
+                // What the runtime still holds for a lost machine (its network namespace,
+                // address and interface on containerd) goes with it.
+                if let Err(e) = self.runtime.remove(&current.machine).await {
+                    tracing::warn!(environment.id = %row.id, error = %e, "could not release what a lost machine held; retrying");
+                    return Ok(());
+                }
+                self.record_status(&current, Status::Gone, Some(MISSING))
+                    .await
             }
+            Ok(MachineState::Unknown) => {
+                tracing::debug!(environment.id = %row.id, "state cannot be told; left alone");
+            }
+            Err(e) if e.kind() == ErrorKind::Unavailable => return Err(e.to_string()),
             Err(e) => {
-                tracing::warn!(environment.id = %row.id, error = %e, "cannot confirm a stopped machine; asking again later");
-                return;
+                tracing::warn!(environment.id = %row.id, error = %e, "cannot look at a machine; asking again later");
             }
         }
+        Ok(())
+    }
+
+    /// Starts `current`'s machine, seen stopped under its lock, again.
+    async fn restart(&self, current: EnvironmentRecord) {
         self.record_status(&current, Status::Degraded, Some(RESTARTING))
             .await;
         match self.runtime.start(&current.machine).await {
             Ok(()) => {
-                tracing::info!(environment.id = %row.id, "stopped machine started again");
+                tracing::info!(environment.id = %current.id, "stopped machine started again");
+                self.metrics.machine_restarted();
                 let restarting = EnvironmentRecord {
                     status: Status::Degraded,
                     status_detail: Some(RESTARTING.to_owned()),
@@ -290,7 +399,7 @@ impl Environments {
                 self.record_status(&restarting, Status::Ready, None).await;
             }
             Err(e) => {
-                tracing::warn!(environment.id = %row.id, error = %e, "could not start a stopped machine; retrying")
+                tracing::warn!(environment.id = %current.id, error = %e, "could not start a stopped machine; retrying")
             }
         }
     }

@@ -89,8 +89,8 @@ impl Environments {
             stdin: Some(script.as_bytes().to_vec()),
             output: Some(chunks),
         };
-        let outcome = self.runtime.run(machine, &spec).await;
-        drop(spec);
+        // The spec holds the output's sending end: it goes with the run, ending the forwarding.
+        let outcome = self.run_bounded(machine, spec).await;
         let _ = forward.await;
         let outcome = outcome?;
         let record = step_record(SetupStep::Setup, &outcome, &outcome.output, started_at);

@@ -289,6 +289,28 @@ impl GitHubApp {
         }
     }
 
+    /// `GET /app` with the App's own JWT: whether GitHub accepts it, and the App's name.
+    /// Errors: `Refused` (GitHub rejects the JWT: wrong App id or key); `Unavailable`;
+    /// `Unexpected`.
+    pub async fn check_app(&self) -> Result<String, GitHubError> {
+        const WHAT: &str = "checking the App's JWT";
+        #[derive(Deserialize)]
+        struct AppBody {
+            slug: Option<String>,
+            name: Option<String>,
+        }
+        let (status, body) = self
+            .call(WHAT, Method::GET, "/app", Credential::App, None)
+            .await?;
+        match status {
+            StatusCode::OK => {
+                let app: AppBody = parse(WHAT, &body)?;
+                Ok(app.slug.or(app.name).unwrap_or_default())
+            }
+            other => Err(refused(WHAT, other, &body)),
+        }
+    }
+
     /// Whether `installation` selected `repository`: `GET /repos/{owner}/{name}/installation`
     /// with the App's own JWT names the installation that reaches the repository (404 when
     /// none does), so no installation token is minted to find out.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
+use crate::events::{Events, StatusEvent};
 use crate::model::{Digest, EnvironmentId, Repository, SetupState, SetupStep, Status};
 
 #[derive(Debug, thiserror::Error)]
@@ -68,9 +69,12 @@ pub struct EnvironmentRecord {
     pub machine: String,
 }
 
+/// The database, and the events every status it writes is published to: statuses are written
+/// here and nowhere else, so a watcher misses none.
 #[derive(Clone)]
 pub struct Store {
     pool: SqlitePool,
+    events: Events,
 }
 
 const COLUMNS: &str = "id, organisation, person, fingerprint, setup_script, repository, \
@@ -220,7 +224,45 @@ impl Store {
                 source,
             })?;
         sqlx::migrate!("src/store/migrations").run(&pool).await?;
-        Ok(Store { pool })
+        Ok(Store {
+            pool,
+            events: Events::default(),
+        })
+    }
+
+    /// Where the statuses this store writes are published.
+    pub fn events(&self) -> &Events {
+        &self.events
+    }
+
+    /// Publishes `record`'s status as just written.
+    fn published(&self, record: &EnvironmentRecord) {
+        self.events.publish(
+            &record.organisation,
+            StatusEvent {
+                id: record.id.clone(),
+                status: record.status,
+                status_detail: record.status_detail.clone(),
+                at: record.updated_at.clone(),
+            },
+        );
+    }
+
+    /// The status and detail `organisation`'s `id` has now, if it exists.
+    async fn status_of(
+        &self,
+        organisation: &str,
+        id: &EnvironmentId,
+    ) -> Result<Option<(Status, Option<String>)>, StoreError> {
+        let row = sqlx::query(
+            "SELECT status, status_detail FROM environments WHERE organisation = ? AND id = ?",
+        )
+        .bind(organisation)
+        .bind(id.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| Ok((parsed(&row, "status")?, row.try_get("status_detail")?)))
+            .transpose()
     }
 
     /// The environment `id` if `organisation` holds it.
@@ -256,7 +298,7 @@ impl Store {
         rows.iter().map(record_from_row).collect()
     }
 
-    /// Sets an environment's status and detail, nothing else.
+    /// Sets an environment's status and detail, nothing else, if either changes.
     pub async fn set_status(
         &self,
         organisation: &str,
@@ -265,17 +307,30 @@ impl Store {
         detail: Option<&str>,
         at: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        let done = sqlx::query(
             "UPDATE environments SET status = ?, status_detail = ?, updated_at = ? \
-             WHERE organisation = ? AND id = ?",
+             WHERE organisation = ? AND id = ? AND (status IS NOT ? OR status_detail IS NOT ?)",
         )
         .bind(status.as_str())
         .bind(detail)
         .bind(at)
         .bind(organisation)
         .bind(id.as_str())
+        .bind(status.as_str())
+        .bind(detail)
         .execute(&self.pool)
         .await?;
+        if done.rows_affected() == 1 {
+            self.events.publish(
+                organisation,
+                StatusEvent {
+                    id: id.clone(),
+                    status,
+                    status_detail: detail.map(str::to_owned),
+                    at: at.to_owned(),
+                },
+            );
+        }
         Ok(())
     }
 
@@ -305,12 +360,15 @@ impl Store {
             .bind(&record.machine)
             .execute(&self.pool)
             .await?;
+        self.published(record);
         Ok(())
     }
 
     /// Writes a row's status, setup record and fingerprint in one statement: the outcome of a
-    /// create is recorded whole or not at all.
+    /// create is recorded whole or not at all. A changed status is published; the writes of one
+    /// environment are serialised by its lock, so the status read first is the one replaced.
     pub async fn record(&self, record: &EnvironmentRecord) -> Result<(), StoreError> {
+        let before = self.status_of(&record.organisation, &record.id).await?;
         let query = sqlx::query(
             "UPDATE environments SET fingerprint = ?, setup_script = ?, repository = ?, \
              image_digest = ?, setup_recorded = ?, status = ?, status_detail = ?, \
@@ -318,12 +376,16 @@ impl Store {
              setup_output_truncated = ?, setup_started_at = ?, setup_finished_at = ?, \
              updated_at = ?, deleted_at = ?, machine = ? WHERE organisation = ? AND id = ?",
         );
-        bind_changing(query, record)
+        let done = bind_changing(query, record)
             .bind(&record.machine)
             .bind(&record.organisation)
             .bind(record.id.as_str())
             .execute(&self.pool)
             .await?;
+        let now = (record.status, record.status_detail.clone());
+        if done.rows_affected() == 1 && before != Some(now) {
+            self.published(record);
+        }
         Ok(())
     }
 
@@ -369,7 +431,7 @@ impl Store {
         output: &str,
         at: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        let done = sqlx::query(
             "UPDATE environments SET status = 'unusable', status_detail = ?, \
              setup_state = 'interrupted', setup_step = COALESCE(setup_step, 'setup'), \
              setup_exit_code = NULL, setup_output = ?, setup_output_truncated = 0, \
@@ -384,6 +446,17 @@ impl Store {
         .bind(id.as_str())
         .execute(&self.pool)
         .await?;
+        if done.rows_affected() == 1 {
+            self.events.publish(
+                organisation,
+                StatusEvent {
+                    id: id.clone(),
+                    status: Status::Unusable,
+                    status_detail: Some(detail.to_owned()),
+                    at: at.to_owned(),
+                },
+            );
+        }
         Ok(())
     }
 
@@ -396,41 +469,15 @@ impl Store {
         Ok(done.rows_affected())
     }
 
-    /// The GitHub App installation `organisation` connected, if any.
-    pub async fn installation(&self, organisation: &str) -> Result<Option<i64>, StoreError> {
-        let row =
-            sqlx::query("SELECT installation_id FROM github_installations WHERE organisation = ?")
-                .bind(organisation)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(row.map(|r| r.try_get("installation_id")).transpose()?)
-    }
-
-    /// Records (or replaces) `organisation`'s installation.
-    pub async fn connect_installation(
-        &self,
-        organisation: &str,
-        installation_id: i64,
-        at: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO github_installations (organisation, installation_id, connected_at) \
-             VALUES (?, ?, ?) ON CONFLICT (organisation) DO UPDATE SET \
-             installation_id = excluded.installation_id, connected_at = excluded.connected_at",
-        )
-        .bind(organisation)
-        .bind(installation_id)
-        .bind(at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
     /// Closes the pool, checkpointing the WAL.
     pub async fn close(&self) {
         self.pool.close().await;
     }
 }
 
+mod census;
+mod installations;
+
+pub use census::Census;
 #[cfg(test)]
 mod tests;

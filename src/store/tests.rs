@@ -185,3 +185,64 @@ async fn installations_are_recorded_per_organisation() {
     assert_eq!(store.installation("acme").await.unwrap(), Some(8));
     assert_eq!(store.installation("globex").await.unwrap(), None);
 }
+
+/// The next status change `subscription` was told of, at once (the store publishes as it writes).
+fn told(
+    subscription: &mut crate::events::Subscription,
+) -> Option<(String, Status, Option<String>)> {
+    use futures_util::FutureExt;
+    match subscription.next().now_or_never() {
+        Some(Some(crate::events::Received::Event(e))) => {
+            Some((e.id.to_string(), e.status, e.status_detail.clone()))
+        }
+        None => None,
+        Some(other) => panic!("not an event: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_status_written_is_published_to_its_organisation_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+    let mut acme = store.events().subscribe("acme");
+    let mut globex = store.events().subscribe("globex");
+    let mut row = record("demo", "acme");
+    store.insert(&row).await.unwrap();
+    assert_eq!(
+        told(&mut acme),
+        Some(("demo".into(), Status::Unusable, None))
+    );
+
+    // A record that leaves the status as it was says nothing.
+    row.fingerprint = "another".to_owned();
+    store.record(&row).await.unwrap();
+    assert_eq!(told(&mut acme), None);
+    row.status = Status::Ready;
+    store.record(&row).await.unwrap();
+    assert_eq!(told(&mut acme), Some(("demo".into(), Status::Ready, None)));
+
+    let at = "2026-11-30T00:00:02Z";
+    let detail = Some("restarting");
+    store
+        .set_status("acme", &demo(), Status::Degraded, detail, at)
+        .await
+        .unwrap();
+    store
+        .set_status("acme", &demo(), Status::Degraded, detail, at)
+        .await
+        .unwrap();
+    let degraded = Some((
+        "demo".into(),
+        Status::Degraded,
+        Some("restarting".to_owned()),
+    ));
+    assert_eq!(told(&mut acme), degraded);
+    assert_eq!(told(&mut acme), None, "an unchanged status is not news");
+    // Another organisation's write of the same id changes nothing and says nothing.
+    store
+        .set_status("globex", &demo(), Status::Ready, None, at)
+        .await
+        .unwrap();
+    assert_eq!(told(&mut globex), None);
+    assert_eq!(told(&mut acme), None);
+}

@@ -388,9 +388,80 @@ impl Host {
         }
     }
 
+    /// Kills every process of environment `id`'s machine from outside, through the runtime's
+    /// own CLI, as the OOM killer or an admin would; the machine itself stays.
+    pub async fn kill(&self, id: &str) {
+        let name = self.machine(id).await.name;
+        let killed = match self.backend {
+            Backend::Containerd => {
+                self.cli(&["tasks", "kill", "--signal", "SIGKILL", "--all", &name])
+                    .await
+            }
+            Backend::Docker => self.cli(&["kill", &name]).await,
+        };
+        killed.unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// Removes `machine` through the runtime, by its name.
     pub async fn remove_machine(&self, machine: &LabelledMachine) {
         let _ = self.runtime.remove(&machine.name).await;
+    }
+}
+
+/// Removes environment `id`'s machines when dropped, also when the test failed: made by
+/// [`Host::removal`], before anything can fail.
+pub struct Removal {
+    backend: Backend,
+    socket: String,
+    id: String,
+}
+
+impl Host {
+    /// A guard that removes the machines labelled `id` when it is dropped.
+    pub fn removal(&self, id: &str) -> Removal {
+        Removal {
+            backend: self.backend,
+            socket: self.socket.clone(),
+            id: id.to_owned(),
+        }
+    }
+}
+
+impl Drop for Removal {
+    fn drop(&mut self) {
+        let run = |program: &str, args: &[&str]| {
+            std::process::Command::new(program)
+                .args(args)
+                .output()
+                .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        match self.backend {
+            Backend::Containerd => {
+                let ctr = ["--address", &self.socket, "--namespace", NAMESPACE];
+                let filter = format!("labels.\"{LABEL_ENVIRONMENT}\"=={}", self.id);
+                let names = run(
+                    "ctr",
+                    &[&ctr[..], &["containers", "ls", "-q", &filter]].concat(),
+                );
+                for name in names.split_whitespace() {
+                    run(
+                        "ctr",
+                        &[&ctr[..], &["tasks", "kill", "-a", "-s", "KILL", name]].concat(),
+                    );
+                    run("ctr", &[&ctr[..], &["tasks", "rm", "-f", name]].concat());
+                    run("ctr", &[&ctr[..], &["containers", "rm", name]].concat());
+                }
+            }
+            Backend::Docker => {
+                let host = format!("unix://{}", self.socket);
+                let filter = format!("label={LABEL_ENVIRONMENT}={}", self.id);
+                let names = run("docker", &["-H", &host, "ps", "-aq", "--filter", &filter]);
+                for name in names.split_whitespace() {
+                    run("docker", &["-H", &host, "rm", "-f", name]);
+                }
+            }
+        }
     }
 }
 

@@ -117,6 +117,7 @@ impl GitHubDouble {
             git_delay: Mutex::new(Duration::ZERO),
         });
         let app = Router::new()
+            .route("/app", get(authenticated_app))
             .route("/app/installations/{id}", get(installation))
             .route("/app/installations/{id}/access_tokens", post(mint_token))
             .route("/installation/repositories", get(list_repositories))
@@ -351,6 +352,24 @@ fn repository_json(shared: &Shared, account: &str, name: &str) -> Value {
         "html_url": format!("https://github.com/{account}/{name}"),
         "clone_url": format!("{}/git/{account}/{name}.git", shared.url),
     })
+}
+
+/// `GET /app`: the App the JWT authenticates as.
+async fn authenticated_app(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    shared
+        .api_requests
+        .lock()
+        .unwrap()
+        .push("GET /app".to_owned());
+    if let Err((status, message)) = verify_app_jwt(&shared, &headers) {
+        return github_error(status, message);
+    }
+    Json(json!({
+        "id": shared.app_id,
+        "slug": "narya-test",
+        "name": "Narya (test)",
+    }))
+    .into_response()
 }
 
 async fn installation(

@@ -1,6 +1,7 @@
 //! Test support: an identity-provider double, keys, and a real `naryad` on temporary listeners.
 #![allow(dead_code)]
 
+pub mod cleanup;
 pub mod e2e;
 pub mod github;
 pub mod idp;

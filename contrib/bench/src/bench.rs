@@ -17,8 +17,10 @@ use crate::raw::Raw;
 use crate::stats::Samples;
 
 mod exec_load;
+mod output_memory;
 
 pub use exec_load::{ExecLoad, ExecLoadResult, LoadSide};
+pub use output_memory::{OutputLoad, OutputMemoryResult};
 
 /// How much of everything to do.
 #[derive(Clone, Debug)]
@@ -35,6 +37,8 @@ pub struct Plan {
     /// Environments recorded for the memory and list figures.
     pub loaded: usize,
     pub list_samples: usize,
+    /// The creates with loud setups, measured for the daemon's peak memory.
+    pub output_load: OutputLoad,
 }
 
 /// How many untimed creates and deletes run at once while loading and cleaning up.
@@ -84,6 +88,7 @@ pub struct Report {
     pub concurrent: Concurrent,
     pub exec_loads: Vec<ExecLoadResult>,
     pub memory: Memory,
+    pub output_memory: OutputMemoryResult,
     pub list: Samples,
     /// Rows the list answered: the live environments and the deleted ones it still shows.
     pub list_rows: usize,
@@ -361,6 +366,10 @@ impl Bench {
         }
         let (_, peak_kib) = daemon.memory_kib()?;
 
+        // After the peak of the run is read: this resets it.
+        eprintln!("  {}", plan.output_load.describe());
+        let output_memory = self.output_memory(daemon, plan.output_load).await?;
+
         Ok(Report {
             raw_create: self.raw.create_command(&image, "ID"),
             image,
@@ -374,6 +383,7 @@ impl Bench {
                 loaded_kib,
                 peak_kib,
             },
+            output_memory,
             list,
             list_rows,
         })

@@ -30,7 +30,7 @@ use clap::Parser;
 use narya::devkeys::DevKey;
 use serde_json::json;
 
-use crate::bench::{Bench, ExecLoad, Plan};
+use crate::bench::{Bench, ExecLoad, OutputLoad, Plan};
 use crate::daemon::{Daemon, Setup};
 use crate::raw::{Backend, Raw};
 use crate::report::Outcome;
@@ -48,7 +48,8 @@ struct Args {
     #[arg(long, value_name = "N")]
     samples: Option<usize>,
     /// Few samples, 20 environments instead of 200, one concurrent round, one load of 16
-    /// concurrent execs instead of three larger ones: proves it works.
+    /// concurrent execs instead of three larger ones, 4 creates printing 1 MB each instead of
+    /// 30 printing 100 MB: proves it works.
     #[arg(long)]
     short: bool,
     /// Where the report goes.
@@ -104,6 +105,10 @@ fn plan(args: &Args) -> Plan {
             exec_rounds: 1,
             loaded: 20,
             list_samples: samples,
+            output_load: OutputLoad {
+                creates: 4,
+                bytes: 1 << 20,
+            },
         }
     } else {
         Plan {
@@ -129,6 +134,10 @@ fn plan(args: &Args) -> Plan {
             exec_rounds: 3,
             loaded: report::TARGET_LOAD,
             list_samples: samples.max(50),
+            output_load: OutputLoad {
+                creates: report::OUTPUT_CREATES,
+                bytes: report::OUTPUT_BYTES,
+            },
         }
     }
 }
@@ -363,6 +372,7 @@ async fn run(args: Args) -> Result<bool> {
                 // The raw runtime failing a concurrent exec load is a finding, measured and
                 // reported, not a failure of the run.
                 || r.exec_loads.iter().any(|l| l.ours.errors > 0)
+                || r.output_memory.errors > 0
         }
         Err(_) => true,
     });

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::bench::{ExecLoad, LoadSide, Plan, Report};
+use crate::bench::{ExecLoad, LoadSide, OutputLoad, Plan, Report};
 use crate::raw::Backend;
 use crate::stats::{ms, spread};
 
@@ -39,6 +39,10 @@ pub const LOADED_MIB: f64 = 80.0;
 pub const LIST_MS: f64 = 10.0;
 /// The environment count the memory and list targets speak of.
 pub const TARGET_LOAD: usize = 200;
+/// The output load the memory-under-output target speaks of: 30 creates printing 100 MB each.
+pub const OUTPUT_CREATES: usize = 30;
+pub const OUTPUT_BYTES: u64 = 100 << 20;
+pub const OUTPUT_MIB: f64 = 100.0;
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
@@ -169,9 +173,35 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
             median <= LIST_MS,
             format!("{}{}{partial}", ms(median), over(median, LIST_MS)),
         );
+        let o = &r.output_memory;
+        let peak = mib(o.peak_kib);
+        let partial = if o.load != full_output_load() {
+            format!(" under {} (short mode)", o.load.describe())
+        } else {
+            String::new()
+        };
+        add(
+            OUTPUT_TARGET,
+            peak <= OUTPUT_MIB && o.errors == 0,
+            format!(
+                "peak {peak:.1} MiB{}, {} errors{partial}",
+                over(peak, OUTPUT_MIB),
+                o.errors
+            ),
+        );
     }
     all
 }
+
+/// The output load of a full run.
+fn full_output_load() -> OutputLoad {
+    OutputLoad {
+        creates: OUTPUT_CREATES,
+        bytes: OUTPUT_BYTES,
+    }
+}
+
+const OUTPUT_TARGET: &str = "RSS peak, 30 creates printing 100 MB each, ≤ 100 MB, 0 errors";
 
 const TARGETS: [&str; 7] = [
     "create ≤ 1.10× raw",
@@ -206,6 +236,7 @@ fn targets(plan: &Plan) -> Vec<String> {
     let mut all: Vec<String> = TARGETS[..4].iter().map(|t| (*t).to_owned()).collect();
     all.extend(plan.exec_loads.iter().copied().map(exec_load_target));
     all.extend(TARGETS[4..].iter().map(|t| (*t).to_owned()));
+    all.push(OUTPUT_TARGET.to_owned());
     all
 }
 
@@ -335,6 +366,17 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
             r.list.len(),
             spread(&r.list),
             verdict(b, 6)
+        );
+        let o = &r.output_memory;
+        let _ = writeln!(
+            t,
+            "| {name} | daemon peak RSS, {} (JSON answers), wall {} | {:.1} MiB; errors {} | — | — | ≤ {OUTPUT_MIB} MB at {OUTPUT_CREATES} × {} MB | {} |",
+            o.load.describe(),
+            ms(o.wall.as_secs_f64() * 1000.0),
+            mib(o.peak_kib),
+            o.errors,
+            OUTPUT_BYTES >> 20,
+            verdict_of(b, OUTPUT_TARGET)
         );
     }
     t
@@ -491,7 +533,11 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          included); MB in the targets are MiB here. The concurrent exec loads run last, after \
          memory and list, so that what the allocator keeps after them does not count there.\n\
          - **list**: `GET /v1/environments` answering all recorded environments, after one \
-         untimed list, once the environments deleted before are forgotten.\n\n",
+         untimed list, once the environments deleted before are forgotten.\n\
+         - **memory under output**: last, the daemon's peak resident memory (VmHWM) reset with \
+         `echo 5 > /proc/PID/clear_refs`, then all creates started at once with the setup \
+         `yes narya-bench-output | head -c BYTES`, each answered as plain JSON (`201`, \
+         `ready`); VmHWM read once the last answered, then the environments deleted.\n\n",
     );
     d.push_str("Raw commands:\n\n");
     for outcome in outcomes {
@@ -517,6 +563,12 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
                             .map(|f| format!("{}: {f}", l.load.describe())),
                     );
                 }
+                let out = &r.output_memory;
+                all.extend(
+                    out.failures
+                        .iter()
+                        .map(|f| format!("{}: {f}", out.load.describe())),
+                );
                 (!all.is_empty()).then(|| format!("- {}: {}", o.backend.name(), all.join("; ")))
             }
             Err(e) => Some(format!("- {}: {}", o.backend.name(), e)),

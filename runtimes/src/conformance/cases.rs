@@ -13,8 +13,8 @@ use super::network::{
 };
 use super::{CaseFn, Context, Outcome};
 use crate::{
-    ImageSource, MachineSpec, MachineState, PinnedImage, ProcessOutcome, ProcessSpec, RuntimeError,
-    ThrowawaySpec,
+    Change, ImageSource, MachineSpec, MachineState, PinnedImage, ProcessOutcome, ProcessSpec,
+    RuntimeError, ThrowawaySpec,
 };
 
 macro_rules! case {
@@ -42,6 +42,7 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("machine", list_returns_exactly_our_machines),
         case!("machine", changes_report_a_machine_that_stopped),
         case!("machine", remove_is_idempotent),
+        case!("machine", init_pid_leads_the_host_to_the_machines_processes),
         case!("process", exit_code_env_cwd_and_output_come_through),
         case!("process", output_limit_keeps_the_tail),
         case!("process", stdin_is_passed_through),
@@ -411,28 +412,76 @@ async fn changes_report_a_machine_that_stopped(c: &Context<'_>) -> Result<(), Ou
     let (id, _) = c.machine(0).await?;
     let mut changes = c.runtime.changes().await?;
     let _ = c.sh(&id, KILL_MAIN_PROCESS).await;
-    // Execs report too; the stop is among the changes that arrive within a few seconds, and
-    // the runtime may answer a moment later than it reports.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Other machines (other tests') report too; the stop is among the changes that arrive
+    // within a few seconds, naming the machine, and the runtime may answer a moment later
+    // than it reports.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut heard = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, changes.next()).await {
-            Ok(Some(())) => {
-                for _ in 0..20 {
+            Ok(Some(Change::Machine(named))) if named == id => {
+                for _ in 0..50 {
                     if c.runtime.inspect(&id).await? == MachineState::Stopped {
                         return Ok(());
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                return Err(fail(
+                    "a change named the machine, but it never read stopped",
+                ));
+            }
+            Ok(Some(other)) => {
+                if heard.len() < 20 {
+                    heard.push(other);
+                }
             }
             Ok(None) => return Err(fail("the change stream ended")),
             Err(_) => {
-                return Err(fail(
-                    "no change reported within 10 s of the machine stopping",
-                ))
+                return Err(fail(format!(
+                    "no change naming {id} within 30 s of it stopping; heard {heard:?}"
+                )))
             }
         }
     }
+}
+
+async fn init_pid_leads_the_host_to_the_machines_processes(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let Some(init) = c.runtime.init_pid(&id).await? else {
+        return Err(fail("a running machine has no init pid"));
+    };
+    let namespace = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+    check(namespace(&init.to_string()).is_some(), || {
+        format!("init pid {init} is no process on this host")
+    })?;
+    check(namespace(&init.to_string()) != namespace("self"), || {
+        format!("init pid {init} shares the host's pid namespace")
+    })?;
+    // A process run in the machine is found from the host through it, by its environment.
+    let entry = format!("NARYA_CONFORMANCE={id}");
+    let env = BTreeMap::from([("NARYA_CONFORMANCE".to_owned(), id.clone())]);
+    let running = c.run(&id, "sleep 20", env, None, Duration::from_secs(60), 1024);
+    let looking = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let found = crate::host::marked(init, &entry);
+            if !found.is_empty() || Instant::now() >= deadline {
+                crate::host::kill_marked(init, &entry);
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let (_, found) = tokio::join!(running, looking);
+    check(!found.is_empty(), || {
+        "a process run in the machine was not found through its init".into()
+    })?;
+    c.runtime.remove(&id).await?;
+    let after = c.runtime.init_pid(&id).await?;
+    check(after.is_none(), || {
+        format!("a removed machine still has init pid {after:?}")
+    })
 }
 
 async fn remove_is_idempotent(c: &Context<'_>) -> Result<(), Outcome> {

@@ -12,7 +12,7 @@ use containerd_client::services::v1::{
     DeleteTaskRequest, GetContainerRequest, GetRequest, KillRequest, ListContainersRequest,
     StartRequest, WaitRequest,
 };
-use containerd_client::types::v1::Status as TaskStatus;
+use containerd_client::types::v1::{Process, Status as TaskStatus};
 use containerd_client::types::Mount;
 use narya_oci::spec;
 
@@ -240,6 +240,24 @@ impl Containerd {
     }
 
     pub(super) async fn task_status(&self, id: &str) -> Result<Option<TaskStatus>> {
+        Ok(self
+            .task_process(id)
+            .await?
+            .map(|p| TaskStatus::try_from(p.status).unwrap_or(TaskStatus::Unknown)))
+    }
+
+    /// `Runtime::init_pid`: the task's own process while it is not known to have stopped (a
+    /// busy shim's `UNKNOWN` still has a live init).
+    pub(super) async fn machine_init_pid(&self, id: &str) -> Result<Option<u32>> {
+        Ok(self.task_process(id).await?.and_then(|p| {
+            let status = TaskStatus::try_from(p.status).unwrap_or(TaskStatus::Unknown);
+            let alive = !matches!(status, TaskStatus::Stopped | TaskStatus::Created);
+            (alive && p.pid > 0).then_some(p.pid)
+        }))
+    }
+
+    /// Task `id`'s own process as containerd reports it; `None` when there is no task.
+    async fn task_process(&self, id: &str) -> Result<Option<Process>> {
         match self
             .conn
             .tasks()
@@ -249,10 +267,7 @@ impl Containerd {
             }))
             .await
         {
-            Ok(r) => Ok(r
-                .into_inner()
-                .process
-                .map(|p| TaskStatus::try_from(p.status).unwrap_or(TaskStatus::Unknown))),
+            Ok(r) => Ok(r.into_inner().process),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(classify(&format!("looking up the task of {id}"), e)),
         }

@@ -22,7 +22,8 @@ use super::image::local_tag;
 use super::Docker;
 use crate::labels::{self, LABEL_ENVIRONMENT};
 use crate::{
-    ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError, ThrowawaySpec,
+    Change, ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError,
+    ThrowawaySpec,
 };
 
 /// How long a removal already under way in the engine is waited for.
@@ -34,6 +35,8 @@ pub(super) struct Machine {
     pub container: String,
     pub state: MachineState,
     pub labels: HashMap<String, String>,
+    /// The host pid of its init while it runs.
+    pub pid: Option<u32>,
 }
 
 fn network_mode(network: Network) -> String {
@@ -160,6 +163,12 @@ impl Docker {
             .map_or(MachineState::Missing, |m| m.state))
     }
 
+    /// `Runtime::init_pid`.
+    pub(super) async fn machine_init_pid(&self, id: &str) -> Result<Option<u32>> {
+        let client = self.engine.client().await?;
+        Ok(self.machine(client, id).await?.and_then(|m| m.pid))
+    }
+
     /// `Runtime::list`, or `Runtime::machines_of` when `environment` is given.
     pub(super) async fn list_machines(
         &self,
@@ -196,7 +205,7 @@ impl Docker {
     /// `Runtime::changes`: the engine's container events of Narya machines.
     pub(super) async fn subscribe_changes(
         &self,
-    ) -> Result<futures_util::stream::BoxStream<'static, ()>> {
+    ) -> Result<futures_util::stream::BoxStream<'static, Change>> {
         use futures_util::StreamExt;
         let client = self.engine.client().await?.clone();
         let options = bollard::query_parameters::EventsOptions {
@@ -221,7 +230,7 @@ impl Docker {
         Ok(client
             .events(Some(options))
             .take_while(|event| std::future::ready(event.is_ok()))
-            .map(|_| ())
+            .filter_map(|event| std::future::ready(event.ok().and_then(change_of)))
             .boxed())
     }
 
@@ -273,10 +282,15 @@ impl Docker {
         let Some(container) = found.id else {
             return Ok(None);
         };
+        let state = found.state.unwrap_or_default();
         Ok(Some(Machine {
             container,
-            state: machine_state(found.state.and_then(|s| s.status)),
+            state: machine_state(state.status),
             labels,
+            pid: state
+                .pid
+                .and_then(|p| u32::try_from(p).ok())
+                .filter(|p| *p > 0),
         }))
     }
 
@@ -390,5 +404,59 @@ impl Docker {
         );
         self.remove_container(client, &stale_id).await?;
         self.create_container(client, name, digest, body).await
+    }
+}
+
+/// The machine an engine event is about, by the labels it carries as attributes; `None` for a
+/// throwaway container's (which is no machine), `Unknown` when it names none.
+fn change_of(event: bollard::models::EventMessage) -> Option<Change> {
+    let attributes = event.actor.and_then(|a| a.attributes).unwrap_or_default();
+    if labels::is_any_throwaway(&attributes) {
+        return None;
+    }
+    Some(match labels::machine_name(&attributes) {
+        Some(name) => Change::Machine(name.to_owned()),
+        None => Change::Unknown,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use bollard::models::{EventActor, EventMessage};
+
+    use super::change_of;
+    use crate::Change;
+
+    fn event(attributes: &[(&str, &str)]) -> EventMessage {
+        EventMessage {
+            actor: Some(EventActor {
+                id: Some("f00d".to_owned()),
+                attributes: Some(
+                    attributes
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect::<HashMap<_, _>>(),
+                ),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_event_names_the_machine_by_its_labels_and_passes_over_throwaways() {
+        let machine = event(&[
+            ("name", "narya-1"),
+            ("dev.narya.environment", "demo"),
+            ("dev.narya.machine", "narya-1"),
+        ]);
+        assert_eq!(change_of(machine), Some(Change::Machine("narya-1".into())));
+        let throwaway = event(&[
+            ("name", "demo-clone"),
+            ("dev.narya.throwaway", "demo-clone"),
+        ]);
+        assert_eq!(change_of(throwaway), None);
+        assert_eq!(change_of(event(&[])), Some(Change::Unknown));
     }
 }

@@ -94,6 +94,10 @@ impl Runtime for Docker {
         self.inspect_machine(id).await
     }
 
+    async fn init_pid(&self, id: &str) -> Result<Option<u32>> {
+        self.machine_init_pid(id).await
+    }
+
     async fn list(&self) -> Result<Vec<MachineInfo>> {
         self.list_machines(None).await
     }
@@ -102,7 +106,7 @@ impl Runtime for Docker {
         self.list_machines(Some(environment)).await
     }
 
-    async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, ()>> {
+    async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, crate::Change>> {
         self.subscribe_changes().await
     }
 

@@ -9,8 +9,8 @@ use narya_oci::Digest;
 use tokio::sync::broadcast;
 
 use crate::{
-    ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage, ProcessOutcome,
-    ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec,
+    Change, ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage,
+    ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec,
 };
 
 mod process;
@@ -33,6 +33,7 @@ pub enum Op {
     Run,
     RunThrowaway,
     Inspect,
+    InitPid,
     List,
     Changes,
     Start,
@@ -70,13 +71,14 @@ struct State {
     processes: Vec<FakeProcess>,
     script: Option<Arc<ProcessScript>>,
     /// Replaced when the runtime goes down: dropping the old sender ends every change stream.
-    changes: broadcast::Sender<()>,
+    changes: broadcast::Sender<Change>,
 }
 
 impl State {
-    fn changed(&self) {
+    /// Reports that machine `id` changed.
+    fn changed(&self, id: &str) {
         // No subscriber is not an error: nobody is watching.
-        let _ = self.changes.send(());
+        let _ = self.changes.send(Change::Machine(id.to_owned()));
     }
 }
 
@@ -179,7 +181,7 @@ impl FakeRuntime {
         if let Some(machine) = state.machines.get_mut(id) {
             if machine.info.state == MachineState::Running {
                 machine.info.state = MachineState::Stopped;
-                state.changed();
+                state.changed(id);
             }
         }
     }
@@ -206,7 +208,7 @@ impl FakeRuntime {
     pub fn lose_machine(&self, id: &str) {
         let mut state = self.lock();
         if state.machines.remove(id).is_some() {
-            state.changed();
+            state.changed(id);
         }
     }
 
@@ -214,6 +216,7 @@ impl FakeRuntime {
     /// as `Missing` is absent instead.
     pub fn add_machine(&self, info: MachineInfo) {
         let mut state = self.lock();
+        let id = info.id.clone();
         if info.state == MachineState::Missing {
             state.machines.remove(&info.id);
         } else {
@@ -221,7 +224,7 @@ impl FakeRuntime {
                 .machines
                 .insert(info.id.clone(), Machine { info, spec: None });
         }
-        state.changed();
+        state.changed(&id);
     }
 
     /// Every machine, sorted by id, whether the runtime is up or not.
@@ -365,7 +368,7 @@ impl Runtime for FakeRuntime {
             spec: Some(spec.clone()),
         };
         state.machines.insert(spec.id.clone(), machine);
-        state.changed();
+        state.changed(&spec.id);
         answer(after, Op::CreateMachine, Ok(info))
     }
 
@@ -422,18 +425,25 @@ impl Runtime for FakeRuntime {
         answer(after, Op::Inspect, Ok(state))
     }
 
+    /// No machine of the fake has host processes.
+    async fn init_pid(&self, _id: &str) -> Result<Option<u32>> {
+        let after = self.enter(Op::InitPid).await?;
+        answer(after, Op::InitPid, Ok(None))
+    }
+
     async fn list(&self) -> Result<Vec<MachineInfo>> {
         let after = self.enter(Op::List).await?;
         answer(after, Op::List, Ok(self.machines()))
     }
 
-    async fn changes(&self) -> Result<BoxStream<'static, ()>> {
+    async fn changes(&self) -> Result<BoxStream<'static, Change>> {
         let after = self.enter(Op::Changes).await?;
         let receiver = self.lock().changes.subscribe();
         let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
             match receiver.recv().await {
-                // Missed nudges are still one nudge: look again.
-                Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => Some(((), receiver)),
+                Ok(change) => Some((change, receiver)),
+                // Missed changes: look at everything.
+                Err(broadcast::error::RecvError::Lagged(_)) => Some((Change::Unknown, receiver)),
                 Err(broadcast::error::RecvError::Closed) => None,
             }
         });
@@ -458,7 +468,7 @@ impl Runtime for FakeRuntime {
             }
             MachineState::Stopped | MachineState::Missing => {
                 machine.info.state = MachineState::Running;
-                state.changed();
+                state.changed(id);
             }
         }
         answer(after, Op::Start, Ok(()))
@@ -468,7 +478,7 @@ impl Runtime for FakeRuntime {
         let after = self.enter(Op::Remove).await?;
         let mut state = self.lock();
         if state.machines.remove(id).is_some() {
-            state.changed();
+            state.changed(id);
         }
         answer(after, Op::Remove, Ok(()))
     }

@@ -219,8 +219,8 @@ async fn changes_nudge_on_every_machine_change_and_end_when_down() {
     let spec = machine_spec(&fake, "env-b").await;
     fake.create_machine(&spec).await.unwrap();
     fake.remove("env-b").await.unwrap();
-    for _ in 0..5 {
-        assert_eq!(changes.next().await, Some(()));
+    for id in ["env-a", "env-a", "env-a", "env-b", "env-b"] {
+        assert_eq!(changes.next().await, Some(Change::Machine(id.to_owned())));
     }
     fake.set_down(true);
     assert_eq!(changes.next().await, None);

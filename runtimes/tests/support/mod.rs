@@ -91,7 +91,7 @@ impl Drop for Isolated {
 }
 
 /// The suite's fixture: the official image from `reference`, workspaces under `scratch`, the
-/// unprivileged user 1000:1000 on `network`, machines named from `prefix`.
+/// unprivileged user 1000:1000 on `network`, machines named from `prefix` and the process id.
 pub fn fixture(
     reference: ImageReference,
     scratch: &Path,
@@ -112,7 +112,9 @@ pub fn fixture(
         },
         network,
         mount_point: "/workspace".to_owned(),
-        prefix,
+        // The process id keeps two runs (or a machine a crashed run leaked) from ever sharing a
+        // prefix: the list case asserts exactly the machines named from it.
+        prefix: format!("{prefix}-{}", std::process::id()),
         unreachable: Some(unreachable),
         outside,
     };

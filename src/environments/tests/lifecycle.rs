@@ -338,9 +338,15 @@ async fn a_create_a_daemon_stop_interrupted_reads_unusable_after_a_restart() {
 async fn exec_runs_in_a_ready_environment_and_refuses_every_other() {
     let host = Host::new().await;
     host.create("demo", None).await;
+    // The command runs bounded inside the machine too, and marked as this daemon's run.
     host.fake.on_process(|p| FakeOutcome::Exit {
         code: 7,
-        output: p.argv.join(" ").into_bytes(),
+        output: format!(
+            "{} {}",
+            p.argv.join(" "),
+            p.env.contains_key(crate::environments::RUN_MARK)
+        )
+        .into_bytes(),
     });
     let run = host
         .environments
@@ -350,7 +356,10 @@ async fn exec_runs_in_a_ready_environment_and_refuses_every_other() {
     let outcome = run.outcome().await.unwrap();
     assert_eq!(
         (outcome.exit_code, outcome.output),
-        (Some(7), b"echo hi".to_vec())
+        (
+            Some(7),
+            b"/usr/bin/timeout -s KILL 65.000s echo hi true".to_vec()
+        )
     );
 
     let foreign = host

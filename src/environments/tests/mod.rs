@@ -2,7 +2,9 @@
 //! back end would take seconds (and root) to reach, in milliseconds. The fake stands in for no
 //! back end; the real ones are exercised end to end in `tests/`.
 
+mod changes;
 mod create;
+mod events;
 mod lifecycle;
 
 use std::os::unix::fs::MetadataExt;
