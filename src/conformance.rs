@@ -28,6 +28,15 @@ pub async fn run(config: &Config) -> Result<(), ConformanceError> {
     unreachable_config.runtime.docker_socket = nobody;
     let unreachable = crate::backend::connect(&unreachable_config)
         .map_err(|e| ConformanceError::Setup(e.to_string()))?;
+    // The network group needs somewhere outside the host to reach: a namespace of the run's own.
+    let outside =
+        if config.environment.network == narya_runtimes::Network::Isolated {
+            Some(conformance::Outside::start(&scratch).map_err(|e| {
+                ConformanceError::Setup(format!("a stand-in for the internet: {e}"))
+            })?)
+        } else {
+            None
+        };
     let fixture = Fixture {
         image: ImageSource {
             reference: config.image.reference.clone(),
@@ -39,6 +48,7 @@ pub async fn run(config: &Config) -> Result<(), ConformanceError> {
         mount_point: config.environment.workspace.clone(),
         prefix: format!("narya-conformance-{}", std::process::id()),
         unreachable: Some(unreachable),
+        outside: outside.as_ref().map(|o| o.addr),
     };
     println!(
         "conformance: {} back end, image {}",
@@ -46,6 +56,10 @@ pub async fn run(config: &Config) -> Result<(), ConformanceError> {
         config.image.reference
     );
     let reports = conformance::run(runtime.as_ref(), &fixture).await;
+    drop(outside);
+    if let Err(e) = runtime.shutdown().await {
+        eprintln!("conformance: releasing the isolated network: {e}");
+    }
     let _ = remove_empty(&scratch);
     if let Err(failed) = conformance::print_and_judge(&reports, &mut std::io::stdout()) {
         return Err(ConformanceError::Failed {

@@ -231,6 +231,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         crate::backend::connect(&config)?,
         metrics.clone(),
     ));
+    if config.environment.network == narya_runtimes::Network::Host {
+        tracing::warn!("environment.network = \"host\": environments share the host's network and reach every service on it and each other; for a single-user development host only");
+    }
     // A runtime that does not answer yet is waited for (environments read degraded); one that
     // answers but cannot be used stops start-up.
     let runtime_answers = match runtime.version().await {
@@ -258,7 +261,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let environments = Arc::new(
         Environments::new(
             store.clone(),
-            runtime,
+            runtime.clone(),
             config.clone(),
             organisations.clone(),
         )
@@ -376,6 +379,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         if let Err(e) = environments.mark_interrupted().await {
             tracing::error!(error = %e, "could not record the creates still provisioning as interrupted");
         }
+    }
+    // The network's chains go with the last machine; with machines left they stay.
+    if let Err(e) = runtime.shutdown().await {
+        tracing::warn!(error = %e, "could not release the isolated network");
     }
     // A socket systemd passed stays systemd's: it keeps listening for the next start.
     if owns_socket_file {

@@ -53,6 +53,11 @@ pub struct ContainerSpec<'a> {
     pub workspace_mount: &'a str,
     /// Share the host's network namespace (and its resolv.conf and hosts) or get a private one.
     pub host_network: bool,
+    /// The private network namespace to join (made and wired by the caller) instead of a new,
+    /// empty one.
+    pub netns: Option<&'a Path>,
+    /// Bind-mounted read-only as `/etc/resolv.conf` in a private network.
+    pub resolv_conf: Option<&'a Path>,
     /// The cgroup path, e.g. `/narya/demo`.
     pub cgroups_path: &'a str,
 }
@@ -152,7 +157,20 @@ pub fn container(spec: &ContainerSpec<'_>) -> Value {
             }));
         }
     } else {
-        namespaces.push(json!({"type": "network"}));
+        match spec.netns {
+            Some(path) => {
+                namespaces.push(json!({"type": "network", "path": path.display().to_string()}))
+            }
+            None => namespaces.push(json!({"type": "network"})),
+        }
+        if let Some(resolv_conf) = spec.resolv_conf {
+            mounts.push(json!({
+                "destination": "/etc/resolv.conf",
+                "type": "bind",
+                "source": resolv_conf.display().to_string(),
+                "options": ["rbind", "ro"]
+            }));
+        }
     }
     json!({
         "ociVersion": "1.0.2",
@@ -176,6 +194,13 @@ mod tests {
 
     fn sample(host_network: bool) -> Value {
         container(&ContainerSpec {
+            host_network,
+            ..sample_spec()
+        })
+    }
+
+    fn sample_spec() -> ContainerSpec<'static> {
+        ContainerSpec {
             hostname: "demo",
             process: ProcessSpec {
                 args: vec![
@@ -191,9 +216,11 @@ mod tests {
             },
             workspace: Path::new("/var/lib/narya/workspaces/demo"),
             workspace_mount: "/workspace",
-            host_network,
+            host_network: true,
+            netns: None,
+            resolv_conf: None,
             cgroups_path: "/narya/demo",
-        })
+        }
     }
 
     #[test]
@@ -234,6 +261,25 @@ mod tests {
         };
         assert!(!has_netns(&spec));
         assert!(has_netns(&sample(false)));
+        let joined = container(&ContainerSpec {
+            netns: Some(Path::new("/run/narya/netns/demo")),
+            resolv_conf: Some(Path::new("/run/narya/resolv.conf")),
+            host_network: false,
+            ..sample_spec()
+        });
+        let netns = joined["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["type"] == "network")
+            .unwrap();
+        assert_eq!(netns["path"], "/run/narya/netns/demo");
+        assert!(joined["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["destination"] == "/etc/resolv.conf"
+                && m["source"] == "/run/narya/resolv.conf"));
         assert!(spec["linux"]["maskedPaths"]
             .as_array()
             .unwrap()

@@ -16,6 +16,7 @@ pub mod containerd;
 pub mod docker;
 pub mod fetch;
 pub mod host;
+pub mod network;
 pub mod output;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -157,10 +158,13 @@ impl fmt::Display for User {
 /// Which network a machine joins.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Network {
-    /// The host's network namespace.
+    /// The host's network namespace: no isolation at all.
     Host,
     /// A private namespace with loopback only.
     None,
+    /// A private namespace with one interface routed through the host: outbound connections
+    /// work, the host, other machines and link-local addresses do not (see [`network`]).
+    Isolated,
 }
 
 /// The official image as configured, and the digest it is pinned to once known.
@@ -360,9 +364,22 @@ pub trait Runtime: Send + Sync {
     /// restart that could kill a busy, healthy machine. Errors: `NotFound`; `Unavailable`.
     async fn start(&self, id: &str) -> Result<()>;
 
-    /// Stops and deletes the machine and its writable layer, never the workspace. Idempotent:
-    /// removing a missing machine succeeds. Errors: `Unavailable`; `Other`.
+    /// Stops and deletes the machine and its writable layer, never the workspace, and releases
+    /// what its network held on the host. Idempotent: removing a missing machine succeeds.
+    /// Errors: `Unavailable`; `Other`.
     async fn remove(&self, id: &str) -> Result<()>;
+
+    /// Isolated networking as this back end was given it, if at all.
+    fn isolation(&self) -> Option<&network::Isolation> {
+        None
+    }
+
+    /// On a clean stop: removes what isolated networking set up on the host (firewall chains,
+    /// a Docker network) once no machine of this daemon is left. Machines still there keep it,
+    /// so that they stay isolated while the daemon is away. Errors: `Unavailable`.
+    async fn shutdown(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

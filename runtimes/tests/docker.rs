@@ -10,16 +10,19 @@ use bollard::query_parameters::RemoveImageOptions;
 use narya_oci::{Digest, ImageReference};
 use narya_runtimes::docker::{Docker, DockerConfig};
 use narya_runtimes::fetch::ImageFetcher;
+use narya_runtimes::network::NetworkConfig;
+use narya_runtimes::{Network, Runtime};
 
 /// The engine has one image store for both suites: they take turns, and each starts without the
 /// image so that its own source is the one that brings it.
 static ONE_SUITE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn docker(socket: &Path) -> Docker {
+fn docker(socket: &Path, network: Option<NetworkConfig>) -> Docker {
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
     Docker::new(DockerConfig {
         socket: socket.to_owned(),
         insecure_registries: vec![registry],
+        network,
     })
     .expect("the Docker back end builds")
 }
@@ -161,7 +164,8 @@ async fn run_suite(registry: bool, prefix: &str) {
         return;
     };
     let socket = PathBuf::from(socket);
-    let runtime = docker(&socket);
+    let isolated = support::Isolated::new(scratch.path(), Some(&socket));
+    let runtime = docker(&socket, Some(isolated.config.clone()));
     let Some(version) = support::answering(&runtime, &socket.display().to_string()).await else {
         return;
     };
@@ -174,15 +178,18 @@ async fn run_suite(registry: bool, prefix: &str) {
         .await
         .expect("the official image resolves");
     forget_image(&socket, &fetcher, &reference, &digest).await;
-    let unreachable = docker(&scratch.path().join("nobody.sock"));
+    let unreachable = docker(&scratch.path().join("nobody.sock"), None);
     let fixture = support::fixture(
         reference,
         scratch.path(),
         prefix.to_owned(),
         std::sync::Arc::new(unreachable),
+        Network::Isolated,
+        Some(isolated.outside.addr),
     );
     support::run_and_judge(&runtime, &fixture).await;
     forget_image(&socket, &fetcher, &fixture.image.reference, &digest).await;
+    runtime.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

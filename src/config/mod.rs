@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 pub use sections::{
     Algorithm, Backend, EnvironmentConfig, GitHub, Identity, Image, Listen, Log, LogFormat,
-    RuntimeConfig,
+    NetworkSection, RuntimeConfig,
 };
 pub use values::{is_plain_http_off_loopback, parse_duration, parse_user, HumanDuration};
 
@@ -51,6 +51,8 @@ pub struct Config {
     pub image: Image,
     #[serde(default)]
     pub environment: EnvironmentConfig,
+    #[serde(default)]
+    pub network: NetworkSection,
     pub github: Option<GitHub>,
     #[serde(default)]
     pub log: Log,
@@ -231,7 +233,13 @@ audience = "narya"
             }
         );
         assert_eq!(c.environment.workspace, "/workspace");
-        assert_eq!(c.environment.network, Network::Host);
+        assert_eq!(c.environment.network, Network::Isolated);
+        assert_eq!(c.network.subnet.to_string(), "10.89.0.0/16");
+        assert!(c.network.dns.is_empty());
+        assert_eq!(
+            c.network.cni_bin_dir[0],
+            std::path::PathBuf::from("/usr/lib/cni")
+        );
         assert_eq!(c.environment.setup_timeout.0, Duration::from_secs(900));
         assert_eq!(c.environment.clone_timeout.0, Duration::from_secs(600));
         assert_eq!(c.environment.output_limit, 65536);
@@ -400,6 +408,23 @@ audience = "narya"
         let text = format!("{MINIMAL}\n[image]\nreference = \"official:1\"\n");
         let err = Config::parse(&text).unwrap_err();
         assert!(err.contains("reference"), "{err}");
+    }
+
+    #[test]
+    fn the_network_section_is_read_and_checked() {
+        let text = format!(
+            "{MINIMAL}\n[environment]\nnetwork = \"host\"\n[network]\nsubnet = \"10.7.0.0/24\"\ndns = [\"192.0.2.53\"]\ncni_bin_dir = [\"/x\"]\n"
+        );
+        let c = Config::parse(&text).unwrap();
+        assert_eq!(c.environment.network, Network::Host);
+        assert_eq!(c.network.subnet.to_string(), "10.7.0.0/24");
+        assert_eq!(c.network.dns[0].to_string(), "192.0.2.53");
+        assert_eq!(c.network.cni_bin_dir, [std::path::PathBuf::from("/x")]);
+        for (key, bad) in [("subnet", "\"10.7.0.1/24\""), ("dns", "[\"resolver\"]")] {
+            let text = format!("{MINIMAL}\n[network]\n{key} = {bad}\n");
+            let err = Config::parse(&text).unwrap_err();
+            assert!(err.contains(key), "{key}: {err}");
+        }
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! The configuration's sections (`[listen]`, `[identity]`, `[runtime]`, …) and their defaults.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use narya_oci::ImageReference;
+use narya_runtimes::network::Subnet;
 use narya_runtimes::{Network, User};
 use serde::Deserialize;
 
@@ -136,6 +138,31 @@ pub struct EnvironmentConfig {
     pub gone_retention: HumanDuration,
 }
 
+/// `[network]`: what `network = "isolated"` uses.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSection {
+    /// Addresses of environments; must not overlap a network the host routes.
+    #[serde(default = "default_subnet", deserialize_with = "from_str")]
+    pub subnet: Subnet,
+    /// Resolvers for environments; empty: the host's own non-loopback ones.
+    #[serde(default)]
+    pub dns: Vec<IpAddr>,
+    /// Where the CNI plugins are looked for (containerd).
+    #[serde(default = "default_cni_bin_dir")]
+    pub cni_bin_dir: Vec<PathBuf>,
+}
+
+impl Default for NetworkSection {
+    fn default() -> Self {
+        NetworkSection {
+            subnet: default_subnet(),
+            dns: Vec::new(),
+            cni_bin_dir: default_cni_bin_dir(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GitHub {
@@ -207,7 +234,13 @@ fn default_workspace() -> String {
     "/workspace".to_owned()
 }
 fn default_network() -> Network {
-    Network::Host
+    Network::Isolated
+}
+fn default_subnet() -> Subnet {
+    Subnet::from_str("10.89.0.0/16").unwrap_or_else(|_| unreachable!("a valid literal"))
+}
+fn default_cni_bin_dir() -> Vec<PathBuf> {
+    vec![PathBuf::from("/usr/lib/cni"), PathBuf::from("/opt/cni/bin")]
 }
 fn default_setup_timeout() -> HumanDuration {
     HumanDuration(Duration::from_secs(15 * 60))

@@ -87,8 +87,9 @@ pub(super) fn network<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Netw
     match String::deserialize(deserializer)?.as_str() {
         "host" => Ok(Network::Host),
         "none" => Ok(Network::None),
+        "isolated" => Ok(Network::Isolated),
         other => Err(serde::de::Error::custom(format!(
-            "invalid network {other:?}; expected \"host\" or \"none\""
+            "invalid network {other:?}; expected \"isolated\", \"none\" or \"host\""
         ))),
     }
 }

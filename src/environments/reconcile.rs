@@ -238,7 +238,11 @@ impl Environments {
                         tracing::warn!(environment.id = %row.id, error = %e, "cannot confirm a stopped machine; asking again later");
                     }
                 }
-                None => self.settle(row, Status::Gone, Some(MISSING)).await,
+                None => {
+                    if row.status == Status::Gone || self.release_lost(row).await {
+                        self.settle(row, Status::Gone, Some(MISSING)).await
+                    }
+                }
             }
         }
         let known: HashSet<&str> = rows.iter().map(|r| r.machine.as_str()).collect();
@@ -322,6 +326,29 @@ impl Environments {
         judged.then_some(current)
     }
 
+    /// Releases what the runtime still holds for a machine it lost (on containerd: its network
+    /// namespace, interface and address), under the environment's lock and only while the
+    /// runtime still answers that the machine is missing. Whether the row may be settled now.
+    async fn release_lost(&self, row: &EnvironmentRecord) -> bool {
+        let Some(_guard) = self.locks.try_lock(&row.id) else {
+            return false;
+        };
+        let Some(current) = self.settled_row(row).await else {
+            return false;
+        };
+        match self.runtime.inspect(&current.machine).await {
+            Ok(MachineState::Missing) => {}
+            _ => return false,
+        }
+        match self.runtime.remove(&current.machine).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(environment.id = %row.id, error = %e, "could not release what a lost machine held; retrying");
+                false
+            }
+        }
+    }
+
     /// Looks at `row`'s machine under its environment's lock (so that no create, delete or
     /// replace races it) with one state call, and acts only on what the runtime is sure of: a
     /// machine seen stopped is started again, a missing one is `gone`, a running one `ready`;
@@ -337,6 +364,12 @@ impl Environments {
             Ok(MachineState::Running) => self.record_status(&current, Status::Ready, None).await,
             Ok(MachineState::Stopped) => self.restart(current).await,
             Ok(MachineState::Missing) => {
+                // What the runtime still holds for a lost machine (its network namespace,
+                // address and interface on containerd) goes with it.
+                if let Err(e) = self.runtime.remove(&current.machine).await {
+                    tracing::warn!(environment.id = %row.id, error = %e, "could not release what a lost machine held; retrying");
+                    return Ok(());
+                }
                 self.record_status(&current, Status::Gone, Some(MISSING))
                     .await
             }

@@ -90,4 +90,12 @@ impl Runtime for Metered {
     async fn remove(&self, id: &str) -> Result<()> {
         self.counted(self.inner.remove(id).await)
     }
+
+    fn isolation(&self) -> Option<&narya_runtimes::network::Isolation> {
+        self.inner.isolation()
+    }
+
+    async fn shutdown(&self) -> Result<()> {
+        self.counted(self.inner.shutdown().await)
+    }
 }

@@ -55,6 +55,7 @@ impl Drop for Cleanup {
                         snapshotter: "overlayfs".to_owned(),
                         insecure_registries: Vec::new(),
                         fifo_dir,
+                        network: None,
                     }) {
                         Ok(c) => Arc::new(c),
                         Err(_) => return,
@@ -62,6 +63,7 @@ impl Drop for Cleanup {
                     Backend::Docker => match Docker::new(DockerConfig {
                         socket,
                         insecure_registries: Vec::new(),
+                        network: None,
                     }) {
                         Ok(d) => Arc::new(d),
                         Err(_) => return,

@@ -178,6 +178,7 @@ impl Host {
                     snapshotter: "overlayfs".to_owned(),
                     insecure_registries: Vec::new(),
                     fifo_dir: daemon.dir.path().join("test-fifo"),
+                    network: None,
                 })
                 .unwrap(),
             ),
@@ -185,6 +186,7 @@ impl Host {
                 Docker::new(DockerConfig {
                     socket: PathBuf::from(socket),
                     insecure_registries: Vec::new(),
+                    network: None,
                 })
                 .unwrap(),
             ),

@@ -7,6 +7,7 @@ pub mod github;
 pub mod github_git;
 pub mod github_oauth;
 pub mod idp;
+pub mod network;
 pub mod private;
 
 use std::path::{Path, PathBuf};
@@ -71,6 +72,7 @@ pub struct Daemon {
     pub config_path: PathBuf,
     pub log_path: PathBuf,
     child: Option<Child>,
+    pub network: network::TestNetwork,
 }
 
 /// A free loopback port (bound then released; the daemon binds it right after).
@@ -111,10 +113,13 @@ impl Daemon {
     pub fn start_at(dir: tempfile::TempDir, socket: PathBuf, identity_toml: &str) -> Daemon {
         let tcp = format!("127.0.0.1:{}", free_port());
         let config_path = dir.path().join("naryad.toml");
+        let state_dir = dir.path().join("state");
+        let network = network::TestNetwork::new(&state_dir);
         let base = format!(
-            "state_dir = {state:?}\n\n[listen]\nsocket = {socket:?}\ntcp = {tcp:?}\n",
-            state = dir.path().join("state").display().to_string(),
+            "state_dir = {state:?}\n\n[listen]\nsocket = {socket:?}\ntcp = {tcp:?}\n{net}",
+            state = state_dir.display().to_string(),
             socket = socket.display().to_string(),
+            net = network.toml(),
         );
         let config = merged_toml(&base, identity_toml);
         std::fs::write(&config_path, config).unwrap();
@@ -127,6 +132,7 @@ impl Daemon {
             config_path,
             log_path,
             child: Some(child),
+            network,
         };
         daemon.wait_ready();
         daemon
@@ -237,5 +243,6 @@ impl Drop for Daemon {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.network.clean_up();
     }
 }

@@ -53,7 +53,7 @@ impl Daemon {
              [runtime]\nbackend = {backend}\ncontainerd_socket = {containerd}\n\
              containerd_namespace = {namespace}\ndocker_socket = {docker}\n\n\
              [image]\nreference = {image}\n\n\
-             [environment]\ngone_retention = \"1s\"\n",
+             [environment]\ngone_retention = \"1s\"\nnetwork = \"host\"\n",
             state = quote(&state.display().to_string()),
             socket = quote(&socket.display().to_string()),
             jwks = quote(&format!("file://{}", setup.jwks.display())),

@@ -70,8 +70,8 @@ pub struct Raw {
     pub backend: Backend,
     program: &'static str,
     base: Vec<String>,
-    /// The daemon runs machines on the host's network (`environment.network = "host"`, its
-    /// default); the raw side does the same.
+    /// The daemon runs machines on the host's network (the bench sets `environment.network =
+    /// "host"`); the raw side does the same.
     host_network: bool,
 }
 

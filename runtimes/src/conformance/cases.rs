@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 
 use narya_oci::Digest;
 
+use super::network::{
+    another_machine_is_unreachable, host_addresses_are_unreachable, ipv6_is_off,
+    outbound_reaches_the_outside, resolv_conf_names_the_resolvers,
+};
 use super::{CaseFn, Context, Outcome};
 use crate::{
     Change, ImageSource, MachineSpec, MachineState, PinnedImage, ProcessOutcome, ProcessSpec,
@@ -49,6 +53,11 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("throwaway", throwaway_sees_the_workspace_and_leaves_nothing),
         case!("throwaway", throwaway_time_out_is_reported_and_cleaned_up),
         case!("errors", unreachable_runtime_is_unavailable),
+        case!("network", host_addresses_are_unreachable),
+        case!("network", another_machine_is_unreachable),
+        case!("network", outbound_reaches_the_outside),
+        case!("network", ipv6_is_off),
+        case!("network", resolv_conf_names_the_resolvers),
     ]
 }
 
@@ -57,11 +66,11 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
 /// glob runs in lexical order, and this shell's own command line names what it looks for).
 const KILL_MAIN_PROCESS: &str = "for p in /proc/[0-9]*; do n=${p#/proc/}; [ \"$n\" = 1 ] || [ \"$n\" = $$ ] && continue; case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in '/bin/sleep infinity '|'sleep infinity ') kill -KILL $n;; esac; done";
 
-fn fail(message: impl Into<String>) -> Outcome {
+pub(super) fn fail(message: impl Into<String>) -> Outcome {
     Outcome::Fail(message.into())
 }
 
-fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), Outcome> {
+pub(super) fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), Outcome> {
     if condition {
         Ok(())
     } else {
@@ -71,7 +80,7 @@ fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), Outcom
 
 impl Context<'_> {
     /// The id of machine `n` of this case.
-    fn machine_id(&self, n: u32) -> String {
+    pub(super) fn machine_id(&self, n: u32) -> String {
         let short: String = self
             .case
             .chars()
@@ -97,7 +106,7 @@ impl Context<'_> {
     }
 
     /// Makes and starts machine `n` with a fresh workspace.
-    async fn machine(&self, n: u32) -> Result<(String, PathBuf), Outcome> {
+    pub(super) async fn machine(&self, n: u32) -> Result<(String, PathBuf), Outcome> {
         let id = self.machine_id(n);
         let workspace = self.workspace(&id)?;
         let spec = MachineSpec {
@@ -115,7 +124,7 @@ impl Context<'_> {
         Ok((id, workspace))
     }
 
-    async fn sh(&self, id: &str, script: &str) -> Result<ProcessOutcome, Outcome> {
+    pub(super) async fn sh(&self, id: &str, script: &str) -> Result<ProcessOutcome, Outcome> {
         self.run(
             id,
             script,
@@ -168,7 +177,7 @@ impl Context<'_> {
     }
 }
 
-fn text(outcome: &ProcessOutcome) -> String {
+pub(super) fn text(outcome: &ProcessOutcome) -> String {
     String::from_utf8_lossy(&outcome.output).into_owned()
 }
 

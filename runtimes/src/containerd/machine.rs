@@ -2,7 +2,7 @@
 //! inspected, listed, watched for changes, started again and removed, with what they share.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use containerd_client::services::v1::container::Runtime as ContainerRuntime;
@@ -164,6 +164,15 @@ impl Containerd {
             }
             MachineState::Stopped | MachineState::Missing => self.stop_task(id).await?,
         }
+        if let Some(isolation) = &self.isolation {
+            let path = isolation.namespace_path(id);
+            // The file without its namespace: the host restarted under a stopped machine.
+            if path.exists() && !isolation.is_attached(id) {
+                isolation.detach(id).await?;
+                isolation.ensure_firewall(false).await?;
+                isolation.attach(id).await?;
+            }
+        }
         let mounts = self.mounts(id).await?;
         self.start_task(id, mounts).await.map(|_| ())
     }
@@ -178,7 +187,7 @@ impl Containerd {
             Ok(_) => {}
             Err(RuntimeError::NotFound { .. }) => {
                 self.remove_snapshot(id).await;
-                return Ok(());
+                return self.release_network(id).await;
             }
             Err(e) => return Err(e),
         }
@@ -197,7 +206,43 @@ impl Containerd {
             Err(e) => return Err(classify(&format!("deleting machine {id}"), e)),
         }
         self.remove_snapshot(id).await;
-        Ok(())
+        self.release_network(id).await
+    }
+
+    /// The namespace a container of `id` joins for `network`: made and wired for `Isolated`.
+    async fn network_for(&self, id: &str, network: Network) -> Result<Option<PathBuf>> {
+        if network != Network::Isolated {
+            return Ok(None);
+        }
+        let isolation = self.isolation.as_deref().ok_or_else(|| {
+            RuntimeError::plain(
+                ErrorKind::Other,
+                "containerd: network \"isolated\" asked for, but no [network] is configured",
+            )
+        })?;
+        if isolation.is_attached(id) {
+            // The namespace of a machine of that id, or one a failed removal left behind.
+            match self.container(id).await {
+                Ok(_) => {
+                    return Err(RuntimeError::plain(
+                        ErrorKind::AlreadyExists,
+                        format!("containerd: machine {id} exists already"),
+                    ))
+                }
+                Err(RuntimeError::NotFound { .. }) => isolation.detach(id).await?,
+                Err(e) => return Err(e),
+            }
+        }
+        isolation.ensure_firewall(false).await?;
+        Ok(Some(isolation.attach(id).await?))
+    }
+
+    /// Releases what `id`'s isolated network held on the host; nothing to do without one.
+    async fn release_network(&self, id: &str) -> Result<()> {
+        match &self.isolation {
+            Some(isolation) => isolation.detach(id).await,
+            None => Ok(()),
+        }
     }
 
     pub(super) async fn container(&self, id: &str) -> Result<Container> {
@@ -318,12 +363,20 @@ impl Containerd {
         labels: HashMap<String, String>,
     ) -> Result<Vec<Mount>> {
         let cgroups_path = format!("/{}/{id}", self.namespace);
+        let netns = self.network_for(id, network).await?;
+        let resolv_conf = self
+            .isolation
+            .as_deref()
+            .filter(|_| netns.is_some())
+            .map(|isolation| isolation.resolv_conf_path());
         let runtime_spec = spec::container(&spec::ContainerSpec {
             hostname: id,
             process,
             workspace,
             workspace_mount: mount_point,
             host_network: network == Network::Host,
+            netns: netns.as_deref(),
+            resolv_conf: resolv_conf.as_deref(),
             cgroups_path: &cgroups_path,
         });
         let container = Container {
@@ -334,18 +387,28 @@ impl Containerd {
                 name: RUNC.to_owned(),
                 options: None,
             }),
-            spec: Some(spec_any(&runtime_spec, spec::SPEC_TYPE_URL)?),
+            spec: Some(match spec_any(&runtime_spec, spec::SPEC_TYPE_URL) {
+                Ok(any) => any,
+                Err(e) => {
+                    self.forget_network(id).await;
+                    return Err(e);
+                }
+            }),
             snapshotter: self.snapshotter.clone(),
             snapshot_key: id.to_owned(),
             ..Default::default()
         };
-        self.conn
+        if let Err(e) = self
+            .conn
             .containers()
             .create(self.conn.request(CreateContainerRequest {
                 container: Some(container),
             }))
             .await
-            .map_err(|e| classify(&format!("creating machine {id}"), e))?;
+        {
+            self.forget_network(id).await;
+            return Err(classify(&format!("creating machine {id}"), e));
+        }
         let prepared = self
             .conn
             .snapshots()
@@ -376,6 +439,14 @@ impl Containerd {
             )
             .await;
         self.remove_snapshot(id).await;
+        self.forget_network(id).await;
+    }
+
+    /// `release_network` on a path that has an error to report already.
+    async fn forget_network(&self, id: &str) {
+        if let Err(e) = self.release_network(id).await {
+            tracing::warn!(machine = %id, error = %e, "could not release a network namespace");
+        }
     }
 
     /// Kills the task (every process in it), waits for it, deletes it. Missing is fine.

@@ -19,6 +19,7 @@ use tokio::sync::Mutex;
 
 use self::client::{classify, Connection};
 use self::image::LocalImage;
+use crate::network::{Isolation, NetworkConfig};
 use crate::pinning::ImagePinning;
 use crate::{
     ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage, ProcessOutcome,
@@ -34,6 +35,8 @@ pub struct ContainerdConfig {
     pub insecure_registries: Vec<String>,
     /// A private directory for the FIFOs that carry process output.
     pub fifo_dir: PathBuf,
+    /// Isolated networking (`network = "isolated"`); `None`: machines asking for it fail.
+    pub network: Option<NetworkConfig>,
 }
 
 /// The containerd back end.
@@ -47,6 +50,7 @@ pub struct Containerd {
     /// Per machine, how many processes may be starting or running in it at once: a runc shim
     /// answers dozens of simultaneous execs so slowly that they time out, so they queue here.
     exec_gates: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    isolation: Option<Arc<Isolation>>,
 }
 
 /// Processes one machine's shim is given at once; the rest wait their turn.
@@ -81,7 +85,17 @@ impl Containerd {
                 e,
             )
         })?;
+        let isolation = match config.network {
+            Some(network) => {
+                let isolation = Isolation::new(network)?;
+                isolation.check_reservations()?;
+                isolation.write_conflist()?;
+                Some(Arc::new(isolation))
+            }
+            None => None,
+        };
         Ok(Containerd {
+            isolation,
             conn: Connection::new(&config.socket, &config.namespace)?,
             namespace: config.namespace,
             snapshotter: config.snapshotter,
@@ -160,6 +174,26 @@ impl Runtime for Containerd {
 
     async fn remove(&self, id: &str) -> Result<()> {
         self.remove_machine(id).await
+    }
+
+    fn isolation(&self) -> Option<&Isolation> {
+        self.isolation.as_deref()
+    }
+
+    async fn shutdown(&self) -> Result<()> {
+        if let Some(isolation) = &self.isolation {
+            // Every isolated machine of this daemon holds a namespace under its run directory.
+            let left = isolation.leftovers().namespaces;
+            if left == 0 {
+                isolation.remove_firewall().await;
+            } else {
+                tracing::info!(
+                    machines = left,
+                    "network: keeping the firewall chains for the machines still there"
+                );
+            }
+        }
+        Ok(())
     }
 }
 

@@ -47,6 +47,7 @@ impl Docker {
         let process = &spec.process;
         let has_stdin = process.stdin.is_some();
         let mut host = host_config(&spec.workspace, &spec.mount_point, spec.network)?;
+        self.join_network(client, &mut host, spec.network).await?;
         // Its output is read through the attachment; none of it goes to the engine's logs.
         host.log_config = Some(HostConfigLogConfig {
             typ: Some("none".to_owned()),

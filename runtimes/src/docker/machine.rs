@@ -42,7 +42,8 @@ pub(super) struct Machine {
 fn network_mode(network: Network) -> String {
     match network {
         Network::Host => "host",
-        Network::None => "none",
+        // An isolated machine joins the daemon's network (`join_network`), never none.
+        Network::None | Network::Isolated => "none",
     }
     .to_owned()
 }
@@ -99,6 +100,7 @@ impl Docker {
         let client = self.engine.client().await?;
         let image = self.require_image(&spec.image.digest).await?;
         let mut host = host_config(&spec.workspace, &spec.mount_point, spec.network)?;
+        self.join_network(client, &mut host, spec.network).await?;
         // Machines come back when the engine restarts (it stops them with SIGTERM, so tini exits
         // non-zero and the engine restarts them on start-up), yet one whose main process was
         // killed stays stopped as under containerd: tini reports its child's SIGKILL (137) as 0
@@ -121,15 +123,24 @@ impl Docker {
             working_dir: Some(spec.mount_point.clone()),
             // The host's network comes with the host's name; a private one gets the id as
             // containerd gives it, when it fits a hostname.
-            hostname: (spec.network == Network::None && spec.id.len() <= 63)
+            hostname: (spec.network != Network::Host && spec.id.len() <= 63)
                 .then(|| spec.id.clone()),
             labels: Some(labels::machine_labels(spec)),
             host_config: Some(host),
             ..Default::default()
         };
-        let created = self
+        let created = match self
             .create_container(client, &spec.id, &spec.image.digest, body)
-            .await?;
+            .await
+        {
+            Ok(created) => created,
+            Err(e) => {
+                if spec.network == Network::Isolated && e.kind() != ErrorKind::AlreadyExists {
+                    self.recheck_network().await;
+                }
+                return Err(e);
+            }
+        };
         if let Err(e) = client
             .start_container(&created, None::<StartContainerOptions>)
             .await

@@ -4,16 +4,19 @@ mod engine;
 mod exec;
 mod image;
 mod machine;
+mod network;
 mod process;
 mod throwaway;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use narya_oci::Digest;
 use tokio::sync::Mutex;
 
 use self::engine::Engine;
+use crate::network::{Isolation, NetworkConfig};
 use crate::pinning::ImagePinning;
 use crate::{
     ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage, ProcessOutcome, ProcessSpec,
@@ -28,6 +31,8 @@ pub struct DockerConfig {
     /// Registries reached over plain HTTP (`image.insecure_registries`); dockerd must treat
     /// them as insecure too.
     pub insecure_registries: Vec<String>,
+    /// Isolated networking (`network = "isolated"`); `None`: machines asking for it fail.
+    pub network: Option<NetworkConfig>,
 }
 
 /// The Docker back end.
@@ -37,6 +42,9 @@ pub struct Docker {
     insecure_registries: Vec<String>,
     /// Manifest digests known to be available under our tag.
     images: Mutex<HashSet<Digest>>,
+    isolation: Option<Arc<Isolation>>,
+    /// Whether the network isolated machines join was seen or made by this process.
+    network_ready: Mutex<bool>,
 }
 
 impl Docker {
@@ -46,6 +54,12 @@ impl Docker {
             pinning: ImagePinning::new(config.insecure_registries.clone())?,
             insecure_registries: config.insecure_registries,
             images: Mutex::new(HashSet::new()),
+            isolation: config
+                .network
+                .map(Isolation::new)
+                .transpose()?
+                .map(Arc::new),
+            network_ready: Mutex::new(false),
         })
     }
 }
@@ -111,5 +125,13 @@ impl Runtime for Docker {
 
     async fn remove(&self, id: &str) -> Result<()> {
         self.remove_machine(id).await
+    }
+
+    fn isolation(&self) -> Option<&Isolation> {
+        self.isolation.as_deref()
+    }
+
+    async fn shutdown(&self) -> Result<()> {
+        self.release_network().await
     }
 }

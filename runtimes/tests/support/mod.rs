@@ -5,7 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use narya_oci::ImageReference;
-use narya_runtimes::conformance::{self, Fixture};
+use narya_runtimes::conformance::{self, Fixture, Outside, SubnetLease};
+use narya_runtimes::network::{tag_for, NetworkConfig};
 use narya_runtimes::{ImageSource, Network, Runtime, User};
 
 /// Whether this run is CI's, where nothing may skip.
@@ -42,13 +43,62 @@ pub async fn answering(runtime: &dyn Runtime, socket: &str) -> Option<String> {
     }
 }
 
+/// A resolver address written into machines' resolv.conf (never asked in these tests).
+pub const TEST_DNS: &str = "192.0.2.53";
+
+/// What an isolated run holds on the host: a subnet of its own, a stand-in for the internet,
+/// and, on drop, the removal of the chains (and Docker network) a failed run left behind.
+pub struct Isolated {
+    pub config: NetworkConfig,
+    pub outside: Outside,
+    docker: Option<std::path::PathBuf>,
+    _lease: SubnetLease,
+}
+
+impl Isolated {
+    /// The network for a back end whose run keeps its files under `scratch`; `docker`: the
+    /// engine's socket, for a Docker back end.
+    pub fn new(scratch: &Path, docker: Option<&Path>) -> Isolated {
+        let lease = conformance::lease_subnet().expect("a free test subnet");
+        let outside = Outside::start(scratch).expect("a stand-in for the internet (as root)");
+        Isolated {
+            config: NetworkConfig {
+                tag: tag_for(&scratch.display().to_string()),
+                subnet: lease.subnet,
+                dns: vec![TEST_DNS.parse().unwrap()],
+                cni_bin_dirs: vec!["/usr/lib/cni".into(), "/opt/cni/bin".into()],
+                run_dir: scratch.join("net"),
+            },
+            outside,
+            docker: docker.map(Path::to_owned),
+            _lease: lease,
+        }
+    }
+}
+
+impl Drop for Isolated {
+    fn drop(&mut self) {
+        let tag = &self.config.tag;
+        if let Some(socket) = &self.docker {
+            let _ = std::process::Command::new("docker")
+                .arg("-H")
+                .arg(format!("unix://{}", socket.display()))
+                .args(["network", "rm", &format!("narya-{tag}")])
+                .output();
+        }
+        narya_runtimes::network::remove_chains_of(tag);
+    }
+}
+
 /// The suite's fixture: the official image from `reference`, workspaces under `scratch`, the
-/// unprivileged user 1000:1000 on the host's network, machines named from `prefix` and the process id.
+/// unprivileged user 1000:1000 on `network`, machines named from `prefix` and the process id.
 pub fn fixture(
     reference: ImageReference,
     scratch: &Path,
     prefix: String,
     unreachable: Arc<dyn Runtime>,
+    network: Network,
+    outside: Option<std::net::SocketAddr>,
 ) -> Fixture {
     let fixture = Fixture {
         image: ImageSource {
@@ -60,12 +110,13 @@ pub fn fixture(
             uid: 1000,
             gid: 1000,
         },
-        network: Network::Host,
+        network,
         mount_point: "/workspace".to_owned(),
         // The process id keeps two runs (or a machine a crashed run leaked) from ever sharing a
         // prefix: the list case asserts exactly the machines named from it.
         prefix: format!("{prefix}-{}", std::process::id()),
         unreachable: Some(unreachable),
+        outside,
     };
     std::fs::create_dir_all(&fixture.scratch).unwrap();
     fixture

@@ -1,0 +1,169 @@
+//! This daemon's iptables chains: written whole with `iptables-restore --noflush` (declaring a
+//! chain there empties it, so a restart refills rather than appends), with one jump into each
+//! from INPUT, FORWARD and nat POSTROUTING. Nothing else of the host's rules is touched.
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use super::Subnet;
+use crate::{ErrorKind, Result, RuntimeError};
+
+/// Link-local addresses, the cloud metadata service among them.
+const LINK_LOCAL: &str = "169.254.0.0/16";
+
+/// The chain in `table` hooked from `hook`, for `tag`.
+fn chains(tag: &str) -> [(&'static str, &'static str, String); 3] {
+    [
+        ("filter", "INPUT", format!("NARYA-IN-{tag}")),
+        ("filter", "FORWARD", format!("NARYA-FWD-{tag}")),
+        ("nat", "POSTROUTING", format!("NARYA-NAT-{tag}")),
+    ]
+}
+
+/// The `iptables-restore` input; `missing_jumps` are the hooks with no jump to ours yet.
+pub(super) fn rules(tag: &str, subnet: Subnet, missing_jumps: &[&str]) -> String {
+    let [(_, _, input), (_, _, forward), (_, _, nat)] = chains(tag);
+    let jump = |hook: &str, chain: &str| {
+        if missing_jumps.contains(&hook) {
+            format!("-I {hook} 1 -j {chain}\n")
+        } else {
+            String::new()
+        }
+    };
+    format!(
+        "*filter\n\
+         :{input} - [0:0]\n\
+         :{forward} - [0:0]\n\
+         -A {input} -s {subnet} -j DROP\n\
+         -A {forward} -s {subnet} -d {subnet} -j DROP\n\
+         -A {forward} -s {subnet} -d {LINK_LOCAL} -j DROP\n\
+         -A {forward} -s {subnet} -j ACCEPT\n\
+         -A {forward} -d {subnet} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+         -A {forward} -d {subnet} -j DROP\n\
+         {}{}COMMIT\n\
+         *nat\n\
+         :{nat} - [0:0]\n\
+         -A {nat} -s {subnet} ! -d {subnet} -j MASQUERADE\n\
+         {}COMMIT\n",
+        jump("INPUT", &input),
+        jump("FORWARD", &forward),
+        jump("POSTROUTING", &nat),
+    )
+}
+
+async fn iptables(args: &[&str]) -> std::io::Result<std::process::Output> {
+    Command::new("iptables")
+        .arg("-w")
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+}
+
+fn failed(what: &str, e: impl Into<crate::Cause>) -> RuntimeError {
+    RuntimeError::caused(ErrorKind::Other, format!("network: {what}"), e)
+}
+
+/// Puts the chains of `tag` in place for `subnet`. Other daemons (and other programs) change
+/// the ruleset at the same time; a restore that lost such a race is tried again.
+pub(super) async fn apply(tag: &str, subnet: Subnet) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match apply_once(tag, subnet).await {
+            Err(e) if tries < 5 => {
+                tracing::debug!(tag, error = %e, "network: applying the chains again");
+                tokio::time::sleep(std::time::Duration::from_millis(200 * tries)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+async fn apply_once(tag: &str, subnet: Subnet) -> Result<()> {
+    let mut missing = Vec::new();
+    for (table, hook, chain) in chains(tag) {
+        let checked = iptables(&["-t", table, "-C", hook, "-j", &chain])
+            .await
+            .map_err(|e| failed("running iptables (is it installed?)", e))?;
+        if !checked.status.success() {
+            missing.push(hook);
+        }
+    }
+    let input = rules(tag, subnet, &missing);
+    let mut child = Command::new("iptables-restore")
+        .args(["-w", "--noflush"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| failed("running iptables-restore", e))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input.as_bytes())
+            .await
+            .map_err(|e| failed("writing to iptables-restore", e))?;
+    }
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(|e| failed("running iptables-restore", e))?;
+    if !out.status.success() {
+        return Err(RuntimeError::plain(
+            ErrorKind::Other,
+            format!(
+                "network: iptables-restore refused the chains of {tag}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    tracing::info!(tag, %subnet, "network: firewall chains in place");
+    Ok(())
+}
+
+/// Removes the chains of `tag` and every jump into them; what is gone already is fine.
+pub(super) async fn remove(tag: &str) {
+    let owned = tag.to_owned();
+    let _ = tokio::task::spawn_blocking(move || remove_now(&owned)).await;
+    tracing::info!(tag, "network: firewall chains removed");
+}
+
+/// As `remove`, blocking: also what tests call to clear what a killed daemon left.
+pub fn remove_now(tag: &str) {
+    for (table, hook, chain) in chains(tag) {
+        let iptables = |args: &[&str]| {
+            std::process::Command::new("iptables")
+                .args(["-w", "-t", table])
+                .args(args)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        // A jump added twice (by hand, or by a daemon killed between check and restore) goes too.
+        for _ in 0..8 {
+            if !iptables(&["-D", hook, "-j", &chain]) {
+                break;
+            }
+        }
+        iptables(&["-F", &chain]);
+        iptables(&["-X", &chain]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_cover_host_peers_link_local_and_masquerade() {
+        let subnet: Subnet = "10.89.0.0/16".parse().unwrap();
+        let text = rules("abc", subnet, &["FORWARD"]);
+        assert!(text.contains("-A NARYA-IN-abc -s 10.89.0.0/16 -j DROP\n"));
+        assert!(text.contains("-A NARYA-FWD-abc -s 10.89.0.0/16 -d 10.89.0.0/16 -j DROP\n"));
+        assert!(text.contains("-d 169.254.0.0/16 -j DROP\n"));
+        assert!(text.contains("-A NARYA-NAT-abc -s 10.89.0.0/16 ! -d 10.89.0.0/16 -j MASQUERADE\n"));
+        assert!(text.contains("-I FORWARD 1 -j NARYA-FWD-abc\n"));
+        assert!(!text.contains("-I INPUT"));
+        assert!(!text.contains("-I POSTROUTING"));
+    }
+}

@@ -1,0 +1,192 @@
+//! Isolated networking end to end, on both back ends: what an environment reaches and what it
+//! does not. Every address used is one the test made: its own listeners on the host's loopback
+//! and on a dummy interface it adds, and a namespace on a veth of its own standing in for the
+//! internet.
+
+mod support;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use hyper::StatusCode;
+use narya::client::Client;
+use narya_runtimes::conformance::Outside;
+use std::time::Duration;
+
+use support::e2e::{body, create, delete, exec, unique_id, until, Backend, Host};
+
+/// What `timeout` exits with when the connect hung: the packets were dropped.
+const DROPPED: i64 = 124;
+
+/// An extra interface with one address of TEST-NET-3 on the host: an address of the host
+/// itself that no service of anyone else's listens on. A veth pair with both ends on the host
+/// (this kernel has no dummy driver); removed on drop.
+struct Dummy {
+    name: String,
+    address: Ipv4Addr,
+}
+
+impl Dummy {
+    fn add() -> Dummy {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let dummy = Dummy {
+            name: format!("nyd{:x}", pid * 16 + n % 16),
+            address: Ipv4Addr::new(203, 0, 113, (pid % 250) as u8 + 1),
+        };
+        let ip = |args: &[&str]| {
+            let out = Command::new("ip").args(args).output().unwrap();
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let peer = format!("{}p", dummy.name);
+        ip(&[
+            "link",
+            "add",
+            &dummy.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer,
+        ]);
+        ip(&["link", "set", &peer, "up"]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/32", dummy.address),
+            "dev",
+            &dummy.name,
+        ]);
+        ip(&["link", "set", &dummy.name, "up"]);
+        dummy
+    }
+}
+
+impl Drop for Dummy {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.name])
+            .output();
+    }
+}
+
+/// The exit status of a TCP connect to `to` from environment `id`, bounded by five seconds.
+async fn connect(client: &Client, id: &str, to: SocketAddr) -> i64 {
+    let script = format!(
+        "timeout 5 bash -c 'exec 3<>/dev/tcp/{}/{}' 2>/dev/null; echo $?",
+        to.ip(),
+        to.port()
+    );
+    let answer = exec(client, id, &["sh", "-c", &script]).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let result = body(&answer);
+    let output = result["output"].as_str().unwrap_or_default().trim();
+    output
+        .parse()
+        .unwrap_or_else(|_| panic!("no exit status from {id}: {result}"))
+}
+
+/// Environment `id`'s own address.
+async fn address_of(client: &Client, id: &str) -> IpAddr {
+    let script =
+        "awk '/32 host/ { print f } { f = $2 }' /proc/net/fib_trie | grep -v '^127\\.' | head -n 1";
+    let result = body(&exec(client, id, &["sh", "-c", script]).await);
+    let output = result["output"].as_str().unwrap_or_default().trim();
+    output
+        .parse()
+        .unwrap_or_else(|_| panic!("no address in {id}: {result}"))
+}
+
+async fn an_environment_reaches_the_outside_but_not_the_host_nor_another(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let outside = Outside::start(scratch.path()).expect("a stand-in for the internet");
+    let dummy = Dummy::add();
+    let loopback = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let on_dummy = TcpListener::bind((dummy.address, 0)).unwrap();
+    let client = host.acme();
+    let (first, second) = (unique_id("net-a"), unique_id("net-b"));
+    for id in [&first, &second] {
+        let answer = create(&client, serde_json::json!({ "id": id })).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+
+    assert_eq!(
+        connect(&client, &first, outside.addr).await,
+        0,
+        "the outside is reachable"
+    );
+    let status = connect(&client, &first, loopback.local_addr().unwrap()).await;
+    assert_ne!(status, 0, "the host's loopback listener was reached");
+    let status = connect(&client, &first, on_dummy.local_addr().unwrap()).await;
+    assert_eq!(status, DROPPED, "the host's own address {}", dummy.address);
+    let status = connect(&client, &first, SocketAddr::from((outside.host_addr, 9))).await;
+    assert_eq!(status, DROPPED, "the host's end of the outside's veth");
+    let other = address_of(&client, &second).await;
+    let status = connect(&client, &first, SocketAddr::new(other, 9)).await;
+    assert_eq!(status, DROPPED, "the other environment at {other}");
+    for listener in [&loopback, &on_dummy] {
+        listener.set_nonblocking(true).unwrap();
+        assert!(listener.accept().is_err(), "a host listener was reached");
+    }
+
+    for id in [&first, &second] {
+        assert_eq!(delete(&client, id).await.status, StatusCode::NO_CONTENT);
+        host.remove(id).await;
+    }
+}
+
+async fn none_gives_loopback_only(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "[environment]\nnetwork = \"none\"\n").await else {
+        return;
+    };
+    let client = host.acme();
+    let id = unique_id("net-none");
+    let answer = create(&client, serde_json::json!({ "id": id })).await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    let result = body(&exec(&client, &id, &["ls", "/sys/class/net"]).await);
+    assert_eq!(result["output"], "lo\n", "{result}");
+    assert_eq!(delete(&client, &id).await.status, StatusCode::NO_CONTENT);
+    host.remove(&id).await;
+}
+
+/// A machine removed behind the daemon's back: the reconciler records the environment `gone`
+/// and releases the namespace (with its veth and address) the machine held.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_machine_leaves_no_namespace_behind() {
+    let Some(host) = Host::start_on(Backend::Containerd, "").await else {
+        return;
+    };
+    let client = host.acme();
+    let id = unique_id("net-lost");
+    let answer = create(&client, serde_json::json!({ "id": id })).await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    let namespaces = host.daemon.dir.path().join("state/net/netns");
+    let count = || std::fs::read_dir(&namespaces).map_or(0, |d| d.count());
+    assert_eq!(count(), 1, "the machine's namespace");
+    // The test's own line to the runtime removes the machine and nothing of the network.
+    host.remove(&id).await;
+    until(&client, &id, Duration::from_secs(60), "gone", |env| {
+        env["status"] == "gone"
+    })
+    .await;
+    assert_eq!(count(), 0, "the lost machine's namespace was released");
+}
+
+on_both_backends!(
+    an_environment_reaches_the_outside_but_not_the_host_nor_another,
+    none_gives_loopback_only,
+);

@@ -1,0 +1,64 @@
+//! Each test daemon's isolated network: a /24 no other test process uses, and on drop the
+//! removal of whatever a killed daemon left on the host (chains, namespace mounts, its Docker
+//! network on the shared engine). Only names made from the daemon's own tag are touched.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use narya_runtimes::conformance::{lease_subnet, SubnetLease};
+use narya_runtimes::network::tag_for;
+
+pub struct TestNetwork {
+    pub lease: SubnetLease,
+    /// The daemon's tag, as it derives it from its state directory.
+    pub tag: String,
+    state_dir: PathBuf,
+}
+
+impl TestNetwork {
+    pub fn new(state_dir: &Path) -> TestNetwork {
+        TestNetwork {
+            lease: lease_subnet().expect("a free test subnet"),
+            tag: tag_for(&state_dir.display().to_string()),
+            state_dir: state_dir.to_owned(),
+        }
+    }
+
+    /// The `[network]` section giving the daemon its subnet.
+    pub fn toml(&self) -> String {
+        format!("\n[network]\nsubnet = \"{}\"\n", self.lease.subnet)
+    }
+
+    /// Removes what a daemon that did not stop cleanly left behind.
+    pub fn clean_up(&self) {
+        let tag = &self.tag;
+        let network = format!("narya-{tag}");
+        let mut engine_keeps_it = false;
+        if let Ok(socket) = std::env::var("NARYA_TEST_DOCKER_SOCKET") {
+            let docker = |args: &[&str]| {
+                Command::new("docker")
+                    .args(["-H", &format!("unix://{socket}")])
+                    .args(args)
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            };
+            docker(&["network", "rm", &network]);
+            engine_keeps_it = docker(&["network", "inspect", &network]);
+        }
+        // A private engine killed with the daemon's network on it leaves the bridge behind.
+        if !engine_keeps_it {
+            let _ = Command::new("ip")
+                .args(["link", "del", &format!("nry-{tag}")])
+                .output();
+        }
+        narya_runtimes::network::remove_chains_of(tag);
+        // A namespace file stays mounted while its daemon is away; the machine (if any) keeps
+        // the namespace itself until it is removed.
+        if let Ok(entries) = std::fs::read_dir(self.state_dir.join("net/netns")) {
+            for entry in entries.flatten() {
+                let _ = Command::new("umount").arg("-l").arg(entry.path()).output();
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
