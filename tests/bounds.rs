@@ -144,15 +144,19 @@ async fn a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_star
         |n| n == 0,
     )
     .await;
-    assert!(
-        host.daemon.log().contains("killed what a run left behind"),
-        "{}",
-        host.daemon.log()
-    );
+    // The daemon logs the kill once it is done, after the process is gone: wait for the line.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host.daemon.log().contains("killed what a run left behind") {
+        assert!(
+            Instant::now() < deadline,
+            "the kill was not logged within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // The machine itself was left alone.
     let answer = exec(&host.acme(), &id, &["true"], "30s").await;
-    assert_eq!(answer.status, StatusCode::OK);
-    assert_eq!(body(&answer)["exit_code"], 0);
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(body(&answer)["exit_code"], 0, "{answer:?}");
 }
 
 async fn a_timed_out_exec_leaves_nothing_behind_even_what_left_its_group(backend: Backend) {
