@@ -97,27 +97,30 @@ async fn a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_star
     let id = unique_id("orphaned");
     let _removal = host.removal(&id);
     ready(&host, &id).await;
-    // One run bounded at 2 s, which only the bound inside the machine can end once the daemon
-    // is gone; one at 10 minutes, which only the next daemon can end.
+    // One run bounded at 5 s, which only the bound inside the machine can end once the daemon
+    // is gone; one at 10 minutes, which only the next daemon can end. The long one first, and
+    // the daemon killed as soon as the short one runs: started together, a slow start of one
+    // could outlast the other's bound.
     let short = duration(1000, backend);
     let long = duration(1001, backend);
     let mut runs = Vec::new();
-    for (sleep, timeout) in [(&short, "2s"), (&long, "10m")] {
+    for (sleep, timeout) in [(&long, "10m"), (&short, "5s")] {
         let client = host.acme();
-        let argv = ["sleep".to_owned(), sleep.clone()];
-        let id = id.clone();
+        let path = format!("/v1/environments/{id}/exec");
+        let request = json!({ "argv": ["sleep", sleep], "timeout": timeout });
+        // Their answers never come: the daemon is killed under them.
         runs.push(tokio::spawn(async move {
-            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-            exec(&client, &id, &argv, timeout).await
+            client.send_json(Method::POST, &path, &request).await
         }));
+        until_sleeping(
+            &[sleep.as_str()],
+            Duration::from_secs(60),
+            "the run started",
+            |n| n == 1,
+        )
+        .await;
     }
-    until_sleeping(
-        &[&short, &long],
-        Duration::from_secs(30),
-        "both runs started",
-        |n| n == 1,
-    )
-    .await;
+    assert_eq!(sleeping(&long).len(), 1, "the long run still runs");
 
     tokio::task::block_in_place(|| host.daemon.kill());
     for run in runs {
@@ -126,7 +129,7 @@ async fn a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_star
     until_sleeping(
         &[&short],
         Duration::from_secs(30),
-        "the 2 s run ended inside its machine",
+        "the 5 s run ended inside its machine",
         |n| n == 0,
     )
     .await;
@@ -144,15 +147,19 @@ async fn a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_star
         |n| n == 0,
     )
     .await;
-    assert!(
-        host.daemon.log().contains("killed what a run left behind"),
-        "{}",
-        host.daemon.log()
-    );
+    // The daemon logs the kill once it is done, after the process is gone: wait for the line.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host.daemon.log().contains("killed what a run left behind") {
+        assert!(
+            Instant::now() < deadline,
+            "the kill was not logged within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // The machine itself was left alone.
     let answer = exec(&host.acme(), &id, &["true"], "30s").await;
-    assert_eq!(answer.status, StatusCode::OK);
-    assert_eq!(body(&answer)["exit_code"], 0);
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(body(&answer)["exit_code"], 0, "{answer:?}");
 }
 
 async fn a_timed_out_exec_leaves_nothing_behind_even_what_left_its_group(backend: Backend) {

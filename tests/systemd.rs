@@ -68,9 +68,13 @@ impl Running {
 }
 
 impl Drop for Running {
+    /// Stops the process; when the test is failing, prints its log.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("----- {} -----\n{}", self.log.display(), self.log());
+        }
     }
 }
 

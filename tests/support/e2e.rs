@@ -440,17 +440,27 @@ impl Drop for Removal {
             Backend::Containerd => {
                 let ctr = ["--address", &self.socket, "--namespace", NAMESPACE];
                 let filter = format!("labels.\"{LABEL_ENVIRONMENT}\"=={}", self.id);
-                let names = run(
-                    "ctr",
-                    &[&ctr[..], &["containers", "ls", "-q", &filter]].concat(),
-                );
-                for name in names.split_whitespace() {
-                    run(
+                // The test's daemon usually still runs (the guard is dropped before the host)
+                // and starts a machine it sees stopped again, which may give it a new task
+                // between ours going and the container's removal: look again until none is
+                // left. (`docker rm -f` kills and removes in one call, so it cannot race.)
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let names = run(
                         "ctr",
-                        &[&ctr[..], &["tasks", "kill", "-a", "-s", "KILL", name]].concat(),
+                        &[&ctr[..], &["containers", "ls", "-q", &filter]].concat(),
                     );
-                    run("ctr", &[&ctr[..], &["tasks", "rm", "-f", name]].concat());
-                    run("ctr", &[&ctr[..], &["containers", "rm", name]].concat());
+                    if names.trim().is_empty() || Instant::now() > deadline {
+                        break;
+                    }
+                    for name in names.split_whitespace() {
+                        run(
+                            "ctr",
+                            &[&ctr[..], &["tasks", "kill", "-a", "-s", "KILL", name]].concat(),
+                        );
+                        run("ctr", &[&ctr[..], &["tasks", "rm", "-f", name]].concat());
+                        run("ctr", &[&ctr[..], &["containers", "rm", name]].concat());
+                    }
                 }
             }
             Backend::Docker => {

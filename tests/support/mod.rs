@@ -238,11 +238,42 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Stops the daemon; when the test is failing, prints what every start of it logged, so a
+    /// failed assertion about a daemon answer always comes with the daemon's side of it.
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
         self.network.clean_up();
+        if std::thread::panicking() {
+            print_logs(self.dir.path(), "naryad");
+        }
+    }
+}
+
+/// Prints every `<stem>*.log` in `dir` (each start of a process writes its own) to stderr.
+pub fn print_logs(dir: &Path, stem: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut logs: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(stem) && n.ends_with(".log"))
+        })
+        .collect();
+    // `naryad.log` before `naryad.restarted.log`: in the order the daemon was started.
+    logs.sort_by_key(|p| p.as_os_str().len());
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        eprintln!(
+            "----- {} -----\n{text}----- end of {} -----",
+            log.display(),
+            log.display()
+        );
     }
 }
