@@ -24,6 +24,7 @@ pub fn connect(config: &Config) -> Result<Arc<dyn Runtime>, RuntimeError> {
         Backend::Docker => Ok(Arc::new(Docker::new(DockerConfig {
             socket: config.runtime.docker_socket.clone(),
             insecure_registries: config.image.insecure_registries.clone(),
+            profile_dir: config.state_dir.join("profiles"),
         })?)),
     }
 }

@@ -20,7 +20,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   protobuf-compiler containerd runc docker.io docker-registry mmdebstrap skopeo \
-  openssl ca-certificates curl git >/dev/null
+  podman openssl ca-certificates curl git >/dev/null
 
 echo "== services"
 contrib/dev/services.sh start

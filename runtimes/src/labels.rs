@@ -162,6 +162,7 @@ mod tests {
                 gid: 1001,
             },
             network: Network::None,
+            limits: crate::Limits::default(),
             labels: BTreeMap::from([
                 ("team".to_owned(), "blue".to_owned()),
                 (LABEL_ENVIRONMENT.to_owned(), "forged".to_owned()),

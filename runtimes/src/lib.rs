@@ -25,6 +25,7 @@ mod pinning;
 mod watch;
 
 pub use labels::{LABEL_DIGEST, LABEL_ENVIRONMENT, LABEL_ORGANISATION};
+pub use narya_oci::spec::{Limits, OOM_SCORE_ADJ};
 
 /// The underlying failure a [`RuntimeError`] carries as its source.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -196,6 +197,8 @@ pub struct MachineSpec {
     pub mount_point: String,
     pub user: User,
     pub network: Network,
+    /// What bounds the machine and everything run in it.
+    pub limits: Limits,
     /// Labels added to Narya's own ([`LABEL_ENVIRONMENT`], [`LABEL_ORGANISATION`],
     /// [`LABEL_DIGEST`]), which win over these.
     pub labels: BTreeMap<String, String>,
@@ -230,6 +233,8 @@ pub struct ThrowawaySpec {
     pub mount_point: String,
     pub user: User,
     pub network: Network,
+    /// The same bounds as the environment's machine.
+    pub limits: Limits,
     /// The process; its `env` is the only place secrets given to it live.
     pub process: ProcessSpec,
 }

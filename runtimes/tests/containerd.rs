@@ -22,7 +22,7 @@ fn containerd(socket: &str, namespace: &str, scratch: &std::path::Path) -> Conta
 
 /// The suite against this back end with the image from `reference`; skipped (outside CI) when
 /// the variables name no such image.
-async fn run_suite(reference: Option<ImageReference>, namespace: &str) {
+async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &str) {
     let Some(reference) = reference else {
         return;
     };
@@ -42,7 +42,7 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str) {
     let fixture = support::fixture(
         reference,
         scratch.path(),
-        format!("conf-{namespace}"),
+        support::prefix(prefix),
         std::sync::Arc::new(unreachable),
     );
     support::run_and_judge(&runtime, &fixture).await;
@@ -50,10 +50,20 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_an_oci_layout() {
-    run_suite(support::layout_reference(), "narya-conformance-layout").await;
+    run_suite(
+        support::layout_reference(),
+        "narya-conformance-layout",
+        "cl",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_a_registry() {
-    run_suite(support::registry_reference(), "narya-conformance-registry").await;
+    run_suite(
+        support::registry_reference(),
+        "narya-conformance-registry",
+        "cr",
+    )
+    .await;
 }

@@ -1,6 +1,6 @@
-//! The conformance suite against the real Docker engine, for both image sources: the official
-//! image as an OCI layout (loaded as a docker-archive) and the same image in a registry (pulled
-//! by digest).
+//! The conformance suite against the real Docker engine and Podman's Docker-compatible service,
+//! for both image sources: the official image as an OCI layout (loaded as a docker-archive) and
+//! the same image in a registry (pulled by digest).
 
 mod support;
 
@@ -11,15 +11,20 @@ use narya_oci::{Digest, ImageReference};
 use narya_runtimes::docker::{Docker, DockerConfig};
 use narya_runtimes::fetch::ImageFetcher;
 
-/// The engine has one image store for both suites: they take turns, and each starts without the
-/// image so that its own source is the one that brings it.
-static ONE_SUITE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Each engine has one image store for both suites: they take turns, and each starts without
+/// the image so that its own source is the one that brings it.
+static ONE_DOCKER_SUITE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static ONE_PODMAN_SUITE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn docker(socket: &Path) -> Docker {
+const DOCKER: &str = "NARYA_TEST_DOCKER_SOCKET";
+const PODMAN: &str = "NARYA_TEST_PODMAN_SOCKET";
+
+fn docker(socket: &Path, scratch: &Path) -> Docker {
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
     Docker::new(DockerConfig {
         socket: socket.to_owned(),
         insecure_registries: vec![registry],
+        profile_dir: scratch.join("profiles"),
     })
     .expect("the Docker back end builds")
 }
@@ -57,21 +62,25 @@ async fn forget_image(
 
 /// The suite against this back end with the image from `reference`; skipped (outside CI) when
 /// the variables name no such image.
-async fn run_suite(reference: Option<ImageReference>, prefix: &str) {
+async fn run_suite(reference: Option<ImageReference>, prefix: &str, engine: &str) {
     let Some(reference) = reference else {
         return;
     };
-    let Some(socket) = support::required("NARYA_TEST_DOCKER_SOCKET") else {
+    let Some(socket) = support::required(engine) else {
         return;
     };
     let socket = PathBuf::from(socket);
     let scratch = tempfile::tempdir().unwrap();
-    let runtime = docker(&socket);
+    let runtime = docker(&socket, scratch.path());
     let Some(version) = support::answering(&runtime, &socket.display().to_string()).await else {
         return;
     };
     eprintln!("docker: {version}");
-    let _turn = ONE_SUITE_AT_A_TIME.lock().await;
+    let _turn = if engine == PODMAN {
+        ONE_PODMAN_SUITE_AT_A_TIME.lock().await
+    } else {
+        ONE_DOCKER_SUITE_AT_A_TIME.lock().await
+    };
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
     let fetcher = ImageFetcher::new(vec![registry]).expect("an image fetcher");
     let digest = fetcher
@@ -79,11 +88,11 @@ async fn run_suite(reference: Option<ImageReference>, prefix: &str) {
         .await
         .expect("the official image resolves");
     forget_image(&socket, &fetcher, &reference, &digest).await;
-    let unreachable = docker(&scratch.path().join("nobody.sock"));
+    let unreachable = docker(&scratch.path().join("nobody.sock"), scratch.path());
     let fixture = support::fixture(
         reference,
         scratch.path(),
-        prefix.to_owned(),
+        support::prefix(prefix),
         std::sync::Arc::new(unreachable),
     );
     support::run_and_judge(&runtime, &fixture).await;
@@ -91,10 +100,20 @@ async fn run_suite(reference: Option<ImageReference>, prefix: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_an_oci_layout() {
-    run_suite(support::layout_reference(), "dconf-layout").await;
+    run_suite(support::layout_reference(), "dl", DOCKER).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_a_registry() {
-    run_suite(support::registry_reference(), "dconf-registry").await;
+    run_suite(support::registry_reference(), "dr", DOCKER).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn podman_conformance_with_the_image_from_an_oci_layout() {
+    run_suite(support::layout_reference(), "pl", PODMAN).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn podman_conformance_with_the_image_from_a_registry() {
+    run_suite(support::registry_reference(), "pr", PODMAN).await;
 }

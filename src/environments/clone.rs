@@ -92,6 +92,7 @@ impl Environments {
             user: env.user,
             // The clone must reach GitHub whatever network the machine itself is given.
             network: Network::Host,
+            limits: self.config.limits.limits(),
             process: ProcessSpec {
                 argv: github::clone_argv(&github.clone_url(&source.repository), &env.workspace),
                 env: github::clone_env(github.git_url(), &token.token),

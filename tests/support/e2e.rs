@@ -32,6 +32,8 @@ pub const LABEL_THROWAWAY: &str = "dev.narya.throwaway";
 pub enum Backend {
     Containerd,
     Docker,
+    /// The Docker back end against Podman's Docker-compatible service.
+    Podman,
 }
 
 impl Backend {
@@ -39,6 +41,7 @@ impl Backend {
         match self {
             Backend::Containerd => "NARYA_TEST_CONTAINERD_SOCKET",
             Backend::Docker => "NARYA_TEST_DOCKER_SOCKET",
+            Backend::Podman => "NARYA_TEST_PODMAN_SOCKET",
         }
     }
 }
@@ -58,6 +61,32 @@ macro_rules! on_both_backends {
             #[tokio::test(flavor = "multi_thread")]
             async fn docker() {
                 super::$name(Backend::Docker).await
+            }
+        }
+    )*};
+}
+
+/// Generates, for an `async fn name(backend: Backend)`, one test per engine: containerd,
+/// Docker, and Podman's Docker-compatible service.
+#[macro_export]
+macro_rules! on_every_engine {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::support::e2e::Backend;
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn containerd() {
+                super::$name(Backend::Containerd).await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn docker() {
+                super::$name(Backend::Docker).await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn podman() {
+                super::$name(Backend::Podman).await
             }
         }
     )*};
@@ -153,7 +182,7 @@ impl Host {
             Backend::Containerd => format!(
                 "[runtime]\ncontainerd_socket = {daemon_socket:?}\ncontainerd_namespace = {NAMESPACE:?}\n"
             ),
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 format!("[runtime]\nbackend = \"docker\"\ndocker_socket = {daemon_socket:?}\n")
             }
         };
@@ -181,10 +210,11 @@ impl Host {
                 })
                 .unwrap(),
             ),
-            Backend::Docker => Arc::new(
+            Backend::Docker | Backend::Podman => Arc::new(
                 Docker::new(DockerConfig {
                     socket: PathBuf::from(socket),
                     insecure_registries: Vec::new(),
+                    profile_dir: daemon.dir.path().join("test-profiles"),
                 })
                 .unwrap(),
             ),
@@ -259,7 +289,7 @@ impl Host {
                     .await
                     .unwrap_or_else(|e| panic!("{e}"))
             }
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 let filter = format!("label={LABEL_ENVIRONMENT}={id}");
                 self.cli(&["ps", "-a", "--filter", &filter, "--format", "{{.Names}}"])
                     .await
@@ -272,7 +302,7 @@ impl Host {
                     .await
                     .unwrap_or_else(|e| panic!("{e}")),
             ),
-            Backend::Docker => None,
+            Backend::Docker | Backend::Podman => None,
         };
         let mut found = Vec::new();
         for name in names.split_whitespace() {
@@ -291,7 +321,7 @@ impl Host {
                     });
                     (info["Labels"].clone(), is_running)
                 }
-                Backend::Docker => {
+                Backend::Docker | Backend::Podman => {
                     let Ok(info) = self.cli(&["inspect", name]).await else {
                         continue;
                     };
@@ -324,7 +354,7 @@ impl Host {
                 ctr.args(["--address", &self.socket, "--namespace", NAMESPACE]);
                 ctr
             }
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 let mut docker = tokio::process::Command::new("docker");
                 docker.args(["-H", &format!("unix://{}", self.socket)]);
                 docker
@@ -355,7 +385,7 @@ impl Host {
                     .args(["tasks", "exec", "--exec-id", &exec_id, &name]);
                 ctr
             }
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 let mut docker = tokio::process::Command::new("docker");
                 docker
                     .args(["-H", &format!("unix://{}", self.socket)])

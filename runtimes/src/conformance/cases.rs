@@ -23,8 +23,10 @@ macro_rules! case {
     };
 }
 
+mod isolation;
+
 pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
-    vec![
+    let mut cases = vec![
         case!("image", image_pinned_by_digest_is_idempotent),
         case!("image", unknown_digest_fails_as_an_image_error),
         case!("machine", machine_runs_unprivileged),
@@ -49,7 +51,9 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("throwaway", throwaway_sees_the_workspace_and_leaves_nothing),
         case!("throwaway", throwaway_time_out_is_reported_and_cleaned_up),
         case!("errors", unreachable_runtime_is_unavailable),
-    ]
+    ];
+    cases.extend(isolation::all());
+    cases
 }
 
 /// Kills the machine's main process (`sleep infinity` under tini) from inside, as the OOM killer
@@ -109,6 +113,7 @@ impl Context<'_> {
             mount_point: self.fixture.mount_point.clone(),
             user: self.fixture.user,
             network: self.fixture.network,
+            limits: self.fixture.limits,
             labels: BTreeMap::new(),
         };
         self.runtime.create_machine(&spec).await?;
@@ -154,7 +159,7 @@ impl Context<'_> {
     }
 
     async fn wait_for_state(&self, id: &str, want: MachineState) -> Result<(), Outcome> {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let state = self.runtime.inspect(id).await?;
             if state == want {
@@ -270,6 +275,7 @@ async fn create_on_an_existing_id_is_already_exists(c: &Context<'_>) -> Result<(
         mount_point: c.fixture.mount_point.clone(),
         user: c.fixture.user,
         network: c.fixture.network,
+        limits: c.fixture.limits,
         labels: BTreeMap::new(),
     };
     match c.runtime.create_machine(&spec).await {
@@ -750,6 +756,7 @@ async fn throwaway_sees_the_workspace_and_leaves_nothing(c: &Context<'_>) -> Res
             mount_point: c.fixture.mount_point.clone(),
             user: c.fixture.user,
             network: c.fixture.network,
+            limits: c.fixture.limits,
             process: ProcessSpec {
                 argv: vec![
                     "/bin/sh".into(),
@@ -817,6 +824,7 @@ async fn throwaway_time_out_is_reported_and_cleaned_up(c: &Context<'_>) -> Resul
             mount_point: c.fixture.mount_point.clone(),
             user: c.fixture.user,
             network: c.fixture.network,
+            limits: c.fixture.limits,
             process: ProcessSpec {
                 argv: vec![
                     "/bin/sh".into(),

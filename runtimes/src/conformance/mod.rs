@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use crate::{ImageSource, Network, Runtime, User};
+use crate::{ImageSource, Limits, Network, Runtime, User};
 
 /// What the suite needs besides the runtime under test.
 pub struct Fixture {
@@ -19,6 +19,9 @@ pub struct Fixture {
     pub scratch: PathBuf,
     pub user: User,
     pub network: Network,
+    /// What bounds every machine and throwaway the suite makes; the isolation group checks
+    /// them from inside. Small enough to exceed quickly (`memory` well under the host's).
+    pub limits: Limits,
     /// Where workspaces are mounted inside machines.
     pub mount_point: String,
     /// Prefixes every machine the suite makes, so parallel runs do not meet.

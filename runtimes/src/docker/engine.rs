@@ -24,6 +24,8 @@ pub(super) struct Engine {
     /// Set once the engine answered and its version was acceptable, so a daemon started before
     /// the engine (or pointed at a dead socket) keeps trying instead of failing for good.
     client: OnceLock<Client>,
+    /// Whether the engine is Podman's Docker-compatible service, known with the client.
+    podman: OnceLock<bool>,
 }
 
 impl Engine {
@@ -31,6 +33,7 @@ impl Engine {
         Engine {
             socket: socket.to_owned(),
             client: OnceLock::new(),
+            podman: OnceLock::new(),
         }
     }
 
@@ -45,6 +48,12 @@ impl Engine {
                 "docker: the engine client was not kept after its check",
             )
         })
+    }
+
+    /// Whether the engine is Podman (which reads some options differently).
+    pub(super) async fn is_podman(&self) -> Result<bool> {
+        self.client().await?;
+        Ok(self.podman.get().copied().unwrap_or(false))
     }
 
     /// Asks the engine for its version and refuses engines below API 1.41.
@@ -88,9 +97,16 @@ impl Engine {
             ),
             ));
         }
+        let podman = version
+            .components
+            .iter()
+            .flatten()
+            .any(|c| c.name.contains("Podman"));
+        let _ = self.podman.set(podman);
         let _ = self.client.set(client);
+        let engine = if podman { "Podman" } else { "Docker Engine" };
         Ok(format!(
-            "Docker Engine {} (API {api})",
+            "{engine} {} (API {api})",
             version.version.unwrap_or_default()
         ))
     }

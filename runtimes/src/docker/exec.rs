@@ -46,7 +46,14 @@ impl Docker {
         let image = self.require_image(&spec.image.digest).await?;
         let process = &spec.process;
         let has_stdin = process.stdin.is_some();
-        let mut host = host_config(&spec.workspace, &spec.mount_point, spec.network)?;
+        let seccomp = self.seccomp_option().await?;
+        let mut host = host_config(
+            &spec.workspace,
+            &spec.mount_point,
+            spec.network,
+            &spec.limits,
+            &seccomp,
+        )?;
         // Its output is read through the attachment; none of it goes to the engine's logs.
         host.log_config = Some(HostConfigLogConfig {
             typ: Some("none".to_owned()),

@@ -6,15 +6,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use bollard::models::{
-    ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig, Mount,
-    MountTypeEnum, RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig,
+    HostConfigCgroupnsModeEnum, Mount, MountTypeEnum, ResourcesUlimits, RestartPolicy,
+    RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
     StartContainerOptions,
 };
 use bollard::Docker as Client;
+use narya_oci::spec::CPU_PERIOD_US;
 use narya_oci::Digest;
+use nix::sys::resource::{getrlimit, Resource};
 use tokio::time::Instant;
 
 use super::engine::{classify, found};
@@ -22,8 +25,8 @@ use super::image::local_tag;
 use super::Docker;
 use crate::labels::{self, LABEL_ENVIRONMENT};
 use crate::{
-    Change, ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError,
-    ThrowawaySpec,
+    Change, ErrorKind, Limits, MachineInfo, MachineSpec, MachineState, Network, Result,
+    RuntimeError, ThrowawaySpec, OOM_SCORE_ADJ,
 };
 
 /// How long a removal already under way in the engine is waited for.
@@ -48,11 +51,14 @@ fn network_mode(network: Network) -> String {
 }
 
 /// What machines and throwaways share: the workspace bind mount read-write, no new privileges,
-/// no capabilities, the network asked for, and no init of Docker's (ours is tini, in the image).
+/// no capabilities, the seccomp filter, a private cgroup namespace, the network asked for, the
+/// limits, and no init of Docker's (ours is tini, in the image).
 pub(super) fn host_config(
     workspace: &Path,
     mount_point: &str,
     network: Network,
+    limits: &Limits,
+    seccomp: &str,
 ) -> Result<HostConfig> {
     let source = workspace.to_str().ok_or_else(|| {
         RuntimeError::plain(
@@ -70,12 +76,55 @@ pub(super) fn host_config(
             read_only: Some(false),
             ..Default::default()
         }]),
-        security_opt: Some(vec!["no-new-privileges".to_owned()]),
+        security_opt: Some(vec![
+            "no-new-privileges".to_owned(),
+            format!("seccomp={seccomp}"),
+        ]),
         cap_drop: Some(vec!["ALL".to_owned()]),
         network_mode: Some(network_mode(network)),
         init: Some(false),
-        ..Default::default()
+        cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
+        ..bounded(limits)
     })
+}
+
+/// The `[limits]` as the engine takes them: the cgroup's memory (no swap on top), a CPU quota
+/// (`NanoCpus` above the host's CPUs is refused), pids, the private `/tmp` with the same
+/// options as on containerd, explicit rlimits (an engine's defaults may ask for more than the
+/// host grants: Podman's fail with "error setting rlimit type 7") and the raised
+/// `oom_score_adj`.
+fn bounded(limits: &Limits) -> HostConfig {
+    let memory = i64::try_from(limits.memory).unwrap_or(i64::MAX);
+    let nofile = i64::try_from(limits.nofile).unwrap_or(i64::MAX);
+    let mut ulimits = vec![ResourcesUlimits {
+        name: Some("nofile".to_owned()),
+        soft: Some(nofile),
+        hard: Some(nofile),
+    }];
+    // RLIMIT_NPROC counts a uid's processes host-wide, so it cannot bound one environment (the
+    // pids limit does); it is stated only so that the engine does not ask for more than ours.
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NPROC) {
+        let hard = i64::try_from(hard).unwrap_or(i64::MAX);
+        ulimits.push(ResourcesUlimits {
+            name: Some("nproc".to_owned()),
+            soft: Some(hard),
+            hard: Some(hard),
+        });
+    }
+    HostConfig {
+        memory: Some(memory),
+        memory_swap: Some(memory),
+        cpu_period: Some(CPU_PERIOD_US as i64),
+        cpu_quota: Some(limits.cpu_quota_us()),
+        pids_limit: Some(i64::from(limits.pids)),
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_owned(),
+            limits.tmp_options().join(","),
+        )])),
+        ulimits: Some(ulimits),
+        oom_score_adj: Some(i64::from(OOM_SCORE_ADJ)),
+        ..Default::default()
+    }
 }
 
 fn machine_state(status: Option<ContainerStateStatusEnum>) -> MachineState {
@@ -98,7 +147,14 @@ impl Docker {
     pub(super) async fn make_machine(&self, spec: &MachineSpec) -> Result<MachineInfo> {
         let client = self.engine.client().await?;
         let image = self.require_image(&spec.image.digest).await?;
-        let mut host = host_config(&spec.workspace, &spec.mount_point, spec.network)?;
+        let seccomp = self.seccomp_option().await?;
+        let mut host = host_config(
+            &spec.workspace,
+            &spec.mount_point,
+            spec.network,
+            &spec.limits,
+            &seccomp,
+        )?;
         // Machines come back when the engine restarts (it stops them with SIGTERM, so tini exits
         // non-zero and the engine restarts them on start-up), yet one whose main process was
         // killed stays stopped as under containerd: tini reports its child's SIGKILL (137) as 0

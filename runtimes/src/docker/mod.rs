@@ -5,6 +5,7 @@ mod exec;
 mod image;
 mod machine;
 mod process;
+mod seccomp;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -27,6 +28,9 @@ pub struct DockerConfig {
     /// Registries reached over plain HTTP (`image.insecure_registries`); dockerd must treat
     /// them as insecure too.
     pub insecure_registries: Vec<String>,
+    /// A directory of the daemon's own where files the engine reads are written (the seccomp
+    /// profile, for Podman, which takes it as a path).
+    pub profile_dir: PathBuf,
 }
 
 /// The Docker back end.
@@ -36,6 +40,9 @@ pub struct Docker {
     insecure_registries: Vec<String>,
     /// Manifest digests known to be available under our tag.
     images: Mutex<HashSet<Digest>>,
+    profile_dir: PathBuf,
+    /// The seccomp profile's file, once written.
+    seccomp_file: Mutex<Option<PathBuf>>,
 }
 
 impl Docker {
@@ -45,6 +52,8 @@ impl Docker {
             pinning: ImagePinning::new(config.insecure_registries.clone())?,
             insecure_registries: config.insecure_registries,
             images: Mutex::new(HashSet::new()),
+            profile_dir: config.profile_dir,
+            seccomp_file: Mutex::new(None),
         })
     }
 }

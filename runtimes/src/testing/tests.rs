@@ -31,6 +31,7 @@ async fn machine_spec(fake: &FakeRuntime, id: &str) -> MachineSpec {
             gid: 1000,
         },
         network: Network::None,
+        limits: crate::Limits::default(),
         labels: BTreeMap::new(),
     }
 }
@@ -372,6 +373,7 @@ async fn a_throwaway_is_recorded_and_leaves_nothing() {
             gid: 1000,
         },
         network: Network::Host,
+        limits: crate::Limits::default(),
         process: process(None, 100),
     };
     let out = fake.run_throwaway(&spec).await.unwrap();
