@@ -19,6 +19,10 @@ pub enum ConformanceError {
 pub async fn run(config: &Config) -> Result<(), ConformanceError> {
     let runtime =
         crate::backend::connect(config).map_err(|e| ConformanceError::Setup(e.to_string()))?;
+    let version = runtime
+        .version()
+        .await
+        .map_err(|e| ConformanceError::Setup(e.to_string()))?;
     let scratch = config.state_dir.join("conformance");
     std::fs::create_dir_all(&scratch)
         .map_err(|e| ConformanceError::Setup(format!("{}: {e}", scratch.display())))?;
@@ -40,9 +44,10 @@ pub async fn run(config: &Config) -> Result<(), ConformanceError> {
         mount_point: config.environment.workspace.clone(),
         prefix: format!("narya-conformance-{}", std::process::id()),
         unreachable: Some(unreachable),
+        known_gaps: conformance::known_gaps(&version),
     };
     println!(
-        "conformance: {} back end, image {}",
+        "conformance: {} back end ({version}), image {}",
         runtime.name(),
         config.image.reference
     );

@@ -129,8 +129,12 @@ driver = "overlay"
 graphroot = "$NARYA_DATA_DIR/podman/storage"
 runroot = "$NARYA_RUN_DIR/podman-run"
 CONF
-  # cgroupfs: no systemd runs here. The host network: no CNI setup of Podman's own is needed.
+  # cgroupfs: no systemd runs here. A private cgroup namespace for every container: Podman's
+  # Docker-compatible API ignores the CgroupnsMode a create asks for, so it is the default here.
   cat > "$PODMAN_CONF/containers.conf" <<CONF
+[containers]
+cgroupns = "private"
+
 [engine]
 cgroup_manager = "cgroupfs"
 events_logger = "file"

@@ -31,9 +31,9 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &
     };
     let scratch = tempfile::tempdir().unwrap();
     let runtime = containerd(&socket, namespace, scratch.path());
-    if support::answering(&runtime, &socket).await.is_none() {
+    let Some(version) = support::answering(&runtime, &socket).await else {
         return;
-    }
+    };
     let unreachable = containerd(
         &scratch.path().join("nobody.sock").display().to_string(),
         namespace,
@@ -44,6 +44,7 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &
         scratch.path(),
         support::prefix(prefix),
         std::sync::Arc::new(unreachable),
+        &version,
     );
     support::run_and_judge(&runtime, &fixture).await;
 }

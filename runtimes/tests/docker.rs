@@ -94,6 +94,7 @@ async fn run_suite(reference: Option<ImageReference>, prefix: &str, engine: &str
         scratch.path(),
         support::prefix(prefix),
         std::sync::Arc::new(unreachable),
+        &version,
     );
     support::run_and_judge(&runtime, &fixture).await;
 }

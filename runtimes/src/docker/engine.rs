@@ -147,6 +147,18 @@ pub(super) fn classify(what: &str, error: EngineError) -> RuntimeError {
         EngineError::DockerResponseServerError {
             status_code: 409, ..
         } => ErrorKind::AlreadyExists,
+        // Podman answers a name in use with 500 and these words, where Docker answers 409.
+        EngineError::DockerResponseServerError {
+            status_code: 500,
+            message,
+        } if message.contains("is already in use") => ErrorKind::AlreadyExists,
+        // … and an image it does not have with 500 where Docker answers 404.
+        EngineError::DockerResponseServerError {
+            status_code: 500,
+            message,
+        } if message.contains("image not known") || message.contains("no such image") => {
+            ErrorKind::NotFound
+        }
         // The engine itself saying it cannot serve now (e.g. shutting down).
         EngineError::DockerResponseServerError {
             status_code: 503, ..

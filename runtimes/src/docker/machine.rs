@@ -29,6 +29,9 @@ use crate::{
     RuntimeError, ThrowawaySpec, OOM_SCORE_ADJ,
 };
 
+/// How long a container state the Docker API cannot express is waited out.
+const STATE_SETTLE: Duration = Duration::from_secs(10);
+
 /// How long a removal already under way in the engine is waited for.
 const REMOVAL_WAIT: Duration = Duration::from_secs(30);
 
@@ -88,6 +91,18 @@ pub(super) fn host_config(
     })
 }
 
+/// The lower of this process's hard `RLIMIT_NPROC` and the kernel's `pid_max`.
+fn nproc_ceiling() -> Option<i64> {
+    let hard = getrlimit(Resource::RLIMIT_NPROC)
+        .ok()
+        .map(|(_, hard)| hard)?;
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .unwrap_or(hard);
+    i64::try_from(hard.min(pid_max)).ok()
+}
+
 /// The `[limits]` as the engine takes them: the cgroup's memory (no swap on top), a CPU quota
 /// (`NanoCpus` above the host's CPUs is refused), pids, the private `/tmp` with the same
 /// options as on containerd, explicit rlimits (an engine's defaults may ask for more than the
@@ -102,13 +117,14 @@ fn bounded(limits: &Limits) -> HostConfig {
         hard: Some(nofile),
     }];
     // RLIMIT_NPROC counts a uid's processes host-wide, so it cannot bound one environment (the
-    // pids limit does); it is stated only so that the engine does not ask for more than ours.
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NPROC) {
-        let hard = i64::try_from(hard).unwrap_or(i64::MAX);
+    // pids limit does); it is stated only so that the engine does not ask runc for more than it
+    // may give: no more than ours, nor than the kernel's pid_max (what Podman raises its own
+    // to, and the most processes there can be anyway).
+    if let Some(nproc) = nproc_ceiling() {
         ulimits.push(ResourcesUlimits {
             name: Some("nproc".to_owned()),
-            soft: Some(hard),
-            hard: Some(hard),
+            soft: Some(nproc),
+            hard: Some(nproc),
         });
     }
     HostConfig {
@@ -253,6 +269,9 @@ impl Docker {
     ) -> Result<futures_util::stream::BoxStream<'static, Change>> {
         use futures_util::StreamExt;
         let client = self.engine.client().await?.clone();
+        if self.engine.is_podman().await? {
+            return Ok(super::podman::polled_changes(client).await);
+        }
         let options = bollard::query_parameters::EventsOptions {
             since: None,
             until: None,
@@ -314,9 +333,21 @@ impl Docker {
     /// labelled as that environment's machine (the engine's names are shared with everything
     /// else on the host, so an unlabelled namesake is not ours to run in or remove).
     pub(super) async fn machine(&self, client: &Client, id: &str) -> Result<Option<Machine>> {
-        let answer = client
+        let mut answer = client
             .inspect_container(id, None::<InspectContainerOptions>)
             .await;
+        // Podman says `stopped` for a moment after a container's process ends (before its
+        // clean-up makes it `exited`): a state the Docker API does not have, so the answer does
+        // not parse. Ask again until it settles.
+        let settle = Instant::now() + STATE_SETTLE;
+        while matches!(answer, Err(bollard::errors::Error::JsonDataError { .. }))
+            && Instant::now() < settle
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            answer = client
+                .inspect_container(id, None::<InspectContainerOptions>)
+                .await;
+        }
         let Some(found) = found(&format!("looking up machine {id}"), answer)? else {
             return Ok(None);
         };

@@ -4,6 +4,7 @@ mod engine;
 mod exec;
 mod image;
 mod machine;
+mod podman;
 mod process;
 mod seccomp;
 

@@ -49,6 +49,7 @@ pub fn fixture(
     scratch: &Path,
     prefix: String,
     unreachable: Arc<dyn Runtime>,
+    version: &str,
 ) -> Fixture {
     let fixture = Fixture {
         image: ImageSource {
@@ -67,6 +68,7 @@ pub fn fixture(
         // prefix: the list case asserts exactly the machines named from it.
         prefix: format!("{prefix}-{}", std::process::id()),
         unreachable: Some(unreachable),
+        known_gaps: conformance::known_gaps(version),
     };
     std::fs::create_dir_all(&fixture.scratch).unwrap();
     fixture
