@@ -56,7 +56,7 @@ fn network_mode(network: Network) -> String {
 /// What machines and throwaways share: the workspace bind mount read-write, no new privileges,
 /// no capabilities, the seccomp filter, a private cgroup namespace, the network asked for, the
 /// limits, and no init of Docker's (ours is tini, in the image).
-pub(super) fn host_config(
+fn host_config(
     workspace: &Path,
     mount_point: &str,
     network: Network,
@@ -158,19 +158,31 @@ fn machine_state(status: Option<ContainerStateStatusEnum>) -> MachineState {
 }
 
 impl Docker {
+    /// [`host_config`] with the seccomp filter as this engine takes it.
+    pub(super) async fn host_config(
+        &self,
+        workspace: &Path,
+        mount_point: &str,
+        network: Network,
+        limits: &Limits,
+    ) -> Result<HostConfig> {
+        let seccomp = self.seccomp_option().await?;
+        host_config(workspace, mount_point, network, limits, &seccomp)
+    }
+
     /// `Runtime::create_machine`: the container made and started; removed again when it does
     /// not start.
     pub(super) async fn make_machine(&self, spec: &MachineSpec) -> Result<MachineInfo> {
         let client = self.engine.client().await?;
         let image = self.require_image(&spec.image.digest).await?;
-        let seccomp = self.seccomp_option().await?;
-        let mut host = host_config(
-            &spec.workspace,
-            &spec.mount_point,
-            spec.network,
-            &spec.limits,
-            &seccomp,
-        )?;
+        let mut host = self
+            .host_config(
+                &spec.workspace,
+                &spec.mount_point,
+                spec.network,
+                &spec.limits,
+            )
+            .await?;
         // Machines come back when the engine restarts (it stops them with SIGTERM, so tini exits
         // non-zero and the engine restarts them on start-up), yet one whose main process was
         // killed stays stopped as under containerd: tini reports its child's SIGKILL (137) as 0
