@@ -3,6 +3,7 @@
 
 pub mod cleanup;
 pub mod e2e;
+mod engines;
 pub mod github;
 pub mod idp;
 pub mod private;
