@@ -172,11 +172,13 @@ async fn a_configuration_a_start_would_take_passes(backend: Backend) {
     let github = GitHubDouble::start().await;
     let runtime = match backend {
         Backend::Containerd => format!("[runtime]\ncontainerd_socket = {socket:?}\n"),
-        Backend::Docker => format!("[runtime]\nbackend = \"docker\"\ndocker_socket = {socket:?}\n"),
+        Backend::Docker | Backend::Podman => {
+            format!("[runtime]\nbackend = \"docker\"\ndocker_socket = {socket:?}\n")
+        }
     };
     // The Docker run resolves the image in the test registry, when there is one.
     let image = match (backend, std::env::var("NARYA_TEST_IMAGE_REF")) {
-        (Backend::Docker, Ok(reference)) if !reference.is_empty() => {
+        (Backend::Docker | Backend::Podman, Ok(reference)) if !reference.is_empty() => {
             let registry = reference.split('/').next().unwrap_or_default().to_owned();
             format!("[image]\nreference = {reference:?}\ninsecure_registries = [{registry:?}]\n")
         }
@@ -202,7 +204,7 @@ async fn a_configuration_a_start_would_take_passes(backend: Backend) {
     assert!(checked.problems().is_empty(), "{checked}");
     let name = match backend {
         Backend::Containerd => "containerd",
-        Backend::Docker => "docker",
+        Backend::Docker | Backend::Podman => "docker",
     };
     assert!(
         checked.says(&format!("ok: runtime {name} at {socket} answers: version ")),

@@ -379,7 +379,7 @@ impl Host {
                 self.cli(&["tasks", "kill", "--signal", "SIGKILL", "--all", &name])
                     .await
             }
-            Backend::Docker => self.cli(&["kill", &name]).await,
+            Backend::Docker | Backend::Podman => self.cli(&["kill", &name]).await,
         };
         killed.unwrap_or_else(|e| panic!("{e}"));
     }
@@ -435,7 +435,7 @@ impl Drop for Removal {
                     run("ctr", &[&ctr[..], &["containers", "rm", name]].concat());
                 }
             }
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 let host = format!("unix://{}", self.socket);
                 let filter = format!("label={LABEL_ENVIRONMENT}={}", self.id);
                 let names = run("docker", &["-H", &host, "ps", "-aq", "--filter", &filter]);
