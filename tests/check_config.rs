@@ -8,7 +8,7 @@ use std::path::Path;
 use support::e2e::{requirements_for, Backend};
 use support::github::GitHubDouble;
 use support::idp::IdentityProvider;
-use support::{free_port, make_key};
+use support::{free_port, make_key, LIMITS};
 
 /// What `naryad check-config --config PATH` printed and how it exited.
 struct Checked {
@@ -100,7 +100,7 @@ async fn a_wrong_socket_an_unreachable_identity_provider_and_a_missing_key_are_t
          [identity]\nissuer = {unreachable:?}\naudience = \"narya\"\n\n\
          [runtime]\ncontainerd_socket = {runtime:?}\n\n\
          [image]\nreference = {reference:?}\n\n\
-         [github]\napp_id = 1\nprivate_key = {key:?}\napi_url = {unreachable:?}\n",
+         [github]\napp_id = 1\nprivate_key = {key:?}\napi_url = {unreachable:?}\n{LIMITS}",
         state = state.display().to_string(),
         socket = dir.path().join("run/narya.sock").display().to_string(),
         runtime = dir
@@ -189,7 +189,7 @@ async fn a_configuration_a_start_would_take_passes(backend: Backend) {
     let config = format!(
         "state_dir = {state:?}\n\n\
          [listen]\nsocket = {served:?}\ntcp = \"127.0.0.1:{port}\"\n\n\
-         {identity}\n{runtime}\n{image}\n{github}",
+         {identity}\n{runtime}\n{image}\n{github}\n{LIMITS}",
         state = state.display().to_string(),
         served = served.display().to_string(),
         port = free_port(),
