@@ -158,7 +158,9 @@ async fn a_setup_past_the_bound_is_timed_out_and_killed(backend: Backend) {
     assert_eq!(env["setup"]["state"], "timed_out");
     assert_eq!(env["setup"]["exit_code"], json!(null));
     assert_eq!(env["setup"]["output"], "starting\n");
-    assert!(took < Duration::from_secs(15), "answered after {took:?}");
+    // Far below the 1000 s the script asks for: the bound ended it (with room for a loaded
+    // machine's slow machine creation).
+    assert!(took < Duration::from_secs(120), "answered after {took:?}");
     let ps = host
         .sh(
             &id,
@@ -223,9 +225,9 @@ async fn a_create_whose_client_disconnects_still_finishes(backend: Backend) {
         return;
     };
     let id = unique_id("gone");
-    let request_body =
-        serde_json::to_vec(&json!({"id": id, "setup": "sleep 2; echo done > /workspace/finished"}))
-            .unwrap();
+    // The setup holds until the test has seen the create provisioning and gone away.
+    let setup = "i=0; while [ ! -e /workspace/go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; echo done > /workspace/finished";
+    let request_body = serde_json::to_vec(&json!({"id": id, "setup": setup})).unwrap();
     {
         let mut stream = tokio::net::UnixStream::connect(&host.daemon.socket)
             .await
@@ -254,6 +256,13 @@ async fn a_create_whose_client_disconnects_still_finishes(backend: Backend) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    let workspace = host.workspace(&id);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !workspace.is_dir() {
+        assert!(Instant::now() < deadline, "no workspace was made");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::write(workspace.join("go"), "").unwrap();
     let client = host.acme();
     let env = settled(&client, &id, Duration::from_secs(60)).await;
     assert_eq!(env["status"], "ready");
@@ -261,11 +270,7 @@ async fn a_create_whose_client_disconnects_still_finishes(backend: Backend) {
         std::fs::read_to_string(host.workspace(&id).join("finished")).unwrap(),
         "done\n"
     );
-    let repeat = create(
-        &client,
-        json!({"id": id, "setup": "sleep 2; echo done > /workspace/finished"}),
-    )
-    .await;
+    let repeat = create(&client, json!({"id": id, "setup": setup})).await;
     assert_eq!(repeat.status, StatusCode::OK);
     assert_eq!(body(&repeat), env);
     host.remove(&id).await;
@@ -540,7 +545,7 @@ async fn a_deleted_environment_is_forgotten_after_its_retention(backend: Backend
         StatusCode::CREATED
     );
     assert_eq!(delete(&client, &id).await.status, StatusCode::NO_CONTENT);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let answer = get(&client, &id).await;
         if answer.status == StatusCode::NOT_FOUND {
@@ -556,7 +561,7 @@ async fn a_deleted_environment_is_forgotten_after_its_retention(backend: Backend
         );
         assert!(
             Instant::now() < deadline,
-            "still known 20 s after a 2 s retention: {env}"
+            "still known 60 s after a 2 s retention: {env}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -28,6 +28,26 @@ async fn stream(
     path: &str,
     request: &Value,
 ) -> (StatusCode, Vec<(Duration, Value)>) {
+    stream_releasing(client, path, request, None).await
+}
+
+/// The file a [`HELD`] command waits for, in the workspace `workspace` on the host.
+fn release_file(workspace: &std::path::Path) -> std::path::PathBuf {
+    workspace.join("release")
+}
+
+/// Shell that waits (up to 60 s) until the test creates [`release_file`], then says `released`
+/// if it was: output printed before it can only have reached the test while the command ran.
+const HELD: &str = "i=0; while [ ! -e /workspace/release ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; [ -e /workspace/release ] && echo released";
+
+/// As [`stream`]; when the first output line arrives, creates `release` (if given), which lets
+/// a [`HELD`] command go on.
+async fn stream_releasing(
+    client: &Client,
+    path: &str,
+    request: &Value,
+    release: Option<&std::path::Path>,
+) -> (StatusCode, Vec<(Duration, Value)>) {
     let started = Instant::now();
     let mut answer = client
         .stream_json(Method::POST, path, request)
@@ -36,7 +56,11 @@ async fn stream(
     let status = answer.status;
     let mut lines = Vec::new();
     while let Some(line) = answer.next_line().await.unwrap() {
-        lines.push((started.elapsed(), serde_json::from_str(&line).unwrap()));
+        let line: Value = serde_json::from_str(&line).unwrap();
+        if let (Some(release), true) = (release, line["output"].is_string()) {
+            std::fs::write(release, "").unwrap();
+        }
+        lines.push((started.elapsed(), line));
     }
     (status, lines)
 }
@@ -88,27 +112,28 @@ async fn streamed_output_arrives_while_the_command_runs(backend: Backend) {
     };
     let client = host.acme();
     let id = ready(&host, "stream").await;
-    let (status, lines) = stream(
+    // The command holds after its first line until the test has read that line.
+    let (status, lines) = stream_releasing(
         &client,
         &format!("/v1/environments/{id}/exec"),
-        &json!({"argv": ["sh", "-c", "for i in 1 2 3; do echo $i; sleep 1; done"]}),
+        &json!({"argv": ["sh", "-c", format!("echo 1; {HELD}; echo 2")]}),
+        Some(&release_file(&host.workspace(&id))),
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    let (first_at, first) = &lines[0];
+    let (_, first) = &lines[0];
     assert_eq!(first["output"], "1\n");
-    let (last_at, last) = lines.last().unwrap();
+    let (_, last) = lines.last().unwrap();
     assert_eq!(last["exit_code"], 0);
     assert_eq!(last["timed_out"], false);
-    assert!(
-        *first_at + Duration::from_millis(1500) < *last_at,
-        "first chunk at {first_at:?}, end at {last_at:?}"
-    );
     let output: String = lines
         .iter()
         .filter_map(|(_, l)| l["output"].as_str())
         .collect();
-    assert_eq!(output, "1\n2\n3\n");
+    assert_eq!(
+        output, "1\nreleased\n2\n",
+        "the first line reached the client while the command ran: {lines:?}"
+    );
     host.remove(&id).await;
 }
 
@@ -142,7 +167,7 @@ async fn timed_out_and_abandoned_commands_leave_nothing_running(backend: Backend
             Some(r#"{"output":"up\n"}"#)
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let ps = host
             .sh(
@@ -236,8 +261,15 @@ async fn a_streamed_create_shows_setup_output_before_the_environment(backend: Ba
     };
     let client = host.acme();
     let id = unique_id("watched");
-    let request = json!({"id": id, "setup": "echo one; sleep 1; echo two"});
-    let (status, lines) = stream(&client, "/v1/environments", &request).await;
+    // The setup holds after its first line until the test has read that line.
+    let request = json!({"id": id, "setup": format!("echo one; {HELD}; echo two")});
+    let (status, lines) = stream_releasing(
+        &client,
+        "/v1/environments",
+        &request,
+        Some(&release_file(&host.workspace(&id))),
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED);
     let events: Vec<&Value> = lines.iter().map(|(_, l)| l).collect();
     let steps: Vec<String> = events
@@ -260,17 +292,11 @@ async fn a_streamed_create_shows_setup_output_before_the_environment(backend: Ba
         .filter(|e| e["step"] == "setup")
         .filter_map(|e| e["output"].as_str())
         .collect();
-    assert_eq!(output, "one\ntwo\n");
-    let first_output = lines
-        .iter()
-        .position(|(_, l)| l["output"].is_string())
-        .unwrap();
-    let (first_at, _) = lines[first_output];
-    let (last_at, last) = lines.last().unwrap();
-    assert!(
-        first_at + Duration::from_millis(700) < *last_at,
-        "output at {first_at:?}, environment at {last_at:?}"
+    assert_eq!(
+        output, "one\nreleased\ntwo\n",
+        "the first line reached the client while the setup ran: {lines:?}"
     );
+    let (_, last) = lines.last().unwrap();
     let environment = &last["environment"];
     assert_eq!(environment["status"], "ready");
     assert_eq!(
@@ -400,7 +426,8 @@ async fn a_streamed_repeat_joins_the_create_in_flight(backend: Backend) {
     };
     let client = host.acme();
     let id = unique_id("joined");
-    let request = json!({"id": id, "setup": "echo early; sleep 2; echo late"});
+    // The setup holds after `early` until the repeat has joined.
+    let request = json!({"id": id, "setup": format!("echo early; {HELD}; echo late")});
     let mut first = client
         .stream_json(Method::POST, "/v1/environments", &request)
         .await
@@ -416,29 +443,35 @@ async fn a_streamed_repeat_joins_the_create_in_flight(backend: Backend) {
             break;
         }
     }
-    let (status, joined) = stream(
-        &host.daemon.tcp(Some(&host.token("acme"))),
-        "/v1/environments",
-        &request,
-    )
-    .await;
+    // Its status line is answered once it has joined: only then may the setup go on.
+    let mut repeat = host
+        .daemon
+        .tcp(Some(&host.token("acme")))
+        .stream_json(Method::POST, "/v1/environments", &request)
+        .await
+        .unwrap();
     assert_eq!(
-        status,
+        repeat.status,
         StatusCode::OK,
         "a repeat while provisioning joins it"
     );
-    let output: String = joined
-        .iter()
-        .filter_map(|(_, l)| l["output"].as_str())
-        .collect();
-    assert_eq!(output, "late\n", "the joiner streams from where it joined");
+    std::fs::write(release_file(&host.workspace(&id)), "").unwrap();
+    let mut joined = Vec::new();
+    while let Some(line) = repeat.next_line().await.unwrap() {
+        joined.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    let output: String = joined.iter().filter_map(|l| l["output"].as_str()).collect();
+    assert_eq!(
+        output, "released\nlate\n",
+        "the joiner streams from where it joined"
+    );
     let mut rest = Vec::new();
     while let Some(line) = first.next_line().await.unwrap() {
         rest.push(serde_json::from_str::<Value>(&line).unwrap());
     }
     let final_first = &rest.last().unwrap()["environment"];
-    assert_eq!(joined.last().unwrap().1["environment"], *final_first);
-    assert_eq!(final_first["setup"]["output"], "early\nlate\n");
+    assert_eq!(joined.last().unwrap()["environment"], *final_first);
+    assert_eq!(final_first["setup"]["output"], "early\nreleased\nlate\n");
     assert_eq!(host.machines_labelled(&id).await, 1);
     host.remove(&id).await;
 }

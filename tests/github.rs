@@ -186,8 +186,15 @@ async fn a_selected_repository_is_cloned_before_the_machine_and_its_token_is_kep
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{raw}");
-    let env = lines.last().unwrap()["environment"].clone();
-    assert_eq!(env["status"], "ready", "{env}");
+    let env = lines
+        .last()
+        .map_or(Value::Null, |l| l["environment"].clone());
+    assert_eq!(
+        env["status"],
+        "ready",
+        "the stream did not end ready:\n{raw}\n{}",
+        host.daemon.log()
+    );
     assert_eq!(env["repository"], "acme/app");
     assert_eq!(env["setup"]["step"], "setup");
     assert_eq!(env["setup"]["state"], "succeeded");

@@ -73,7 +73,7 @@ async fn a_runtime_that_stops_makes_environments_degraded_until_it_is_back(backe
     let digest = body(&created)["image_digest"].clone();
 
     tokio::task::block_in_place(|| containerd.stop());
-    let env = until(&client, &id, Duration::from_secs(5), "degraded", |e| {
+    let env = until(&client, &id, Duration::from_secs(60), "degraded", |e| {
         e["status"] == "degraded"
     })
     .await;
@@ -95,7 +95,7 @@ async fn a_runtime_that_stops_makes_environments_degraded_until_it_is_back(backe
     );
 
     tokio::task::block_in_place(|| containerd.resume());
-    let env = until(&client, &id, Duration::from_secs(10), "ready", |e| {
+    let env = until(&client, &id, Duration::from_secs(60), "ready", |e| {
         e["status"] == "ready"
     })
     .await;
@@ -134,7 +134,7 @@ async fn a_machine_killed_from_outside_is_started_again(backend: Backend) {
     let machine = host.machine(&id).await.name;
     tokio::task::block_in_place(|| containerd.kill_machine(NAMESPACE, &machine));
     // The host notices and starts it again: ready, with a fresh task and the workspace intact.
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let env = body(&get(&client, &id).await);
         if env["status"] == "ready" {
@@ -188,7 +188,7 @@ async fn a_machine_removed_from_outside_is_gone_until_replaced(backend: Backend)
     assert_eq!(refused.error().unwrap().code, "NRY-0042");
 
     host.remove(&id).await;
-    let env = until(&client, &id, Duration::from_secs(5), "gone", |e| {
+    let env = until(&client, &id, Duration::from_secs(60), "gone", |e| {
         e["status"] == "gone"
     })
     .await;
@@ -255,7 +255,7 @@ async fn a_daemon_killed_during_a_replace_leaves_it_interrupted_never_ready(back
     std::fs::write(host.workspace(&id).join("hold"), "").unwrap();
 
     host.remove(&id).await;
-    until(&client, &id, Duration::from_secs(10), "gone", |e| {
+    until(&client, &id, Duration::from_secs(60), "gone", |e| {
         e["status"] == "gone"
     })
     .await;
@@ -267,9 +267,21 @@ async fn a_daemon_killed_during_a_replace_leaves_it_interrupted_never_ready(back
     let runs = host.workspace(&id).join("runs");
     let deadline = Instant::now() + Duration::from_secs(60);
     while std::fs::read_to_string(&runs).unwrap_or_default() != "ran\nran\n" {
+        // The replace holds in its setup until the kill: one that answered has failed.
+        if replacing.is_finished() {
+            let answer = replacing.await.unwrap();
+            panic!(
+                "the replace answered before its setup ran: {:?} {}\n{}",
+                answer.map(|a| (a.status, String::from_utf8_lossy(&a.body).into_owned())),
+                std::fs::read_to_string(&runs).unwrap_or_default(),
+                host.daemon.log()
+            );
+        }
         assert!(
             Instant::now() < deadline,
-            "the replace's setup never started"
+            "the replace's setup never started within 60 s: runs {:?}\n{}",
+            std::fs::read_to_string(&runs).unwrap_or_default(),
+            host.daemon.log()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -462,7 +474,7 @@ async fn environments_keep_their_digest_when_the_tag_moves_and_everything_restar
         host.daemon.restart();
     });
     let client = host.acme();
-    let env = until(&client, &first, Duration::from_secs(10), "ready", |e| {
+    let env = until(&client, &first, Duration::from_secs(60), "ready", |e| {
         e["status"] == "ready"
     })
     .await;

@@ -37,7 +37,8 @@ async fn a_stop_during_a_long_setup_exits_in_time_and_records_it_interrupted(bac
     println!("SIGTERM during a setup: exited {status} after {took:?}");
     assert_eq!(status.code(), Some(0), "{}", host.daemon.log());
     assert!(
-        took < Duration::from_secs(10),
+        // Far below the 600 s the setup asks for, with room for a loaded machine.
+        took < Duration::from_secs(30),
         "took {took:?} with shutdown_timeout 2s:\n{}",
         host.daemon.log()
     );

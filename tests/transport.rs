@@ -108,7 +108,9 @@ async fn half_sent_requests_are_closed_after_the_header_timeout_while_others_are
     for (transport, after) in slowest {
         println!("{SILENT} half-sent requests on {transport}: the last closed after {after:?}");
         assert!(
-            after <= header_timeout + Duration::from_secs(2),
+            // Well short of `give_up`: closed by the header timeout, with room for a loaded
+            // machine's late accept.
+            after <= header_timeout + Duration::from_secs(15),
             "{transport}: a silent connection stayed open {after:?}"
         );
     }

@@ -1,12 +1,15 @@
 //! The conformance suite against the real containerd, for both image sources: the official
-//! image as an OCI layout and the same image in a registry.
+//! image as an OCI layout and the same image in a registry; and what containerd alone can leave
+//! behind for a machine's name.
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use narya_oci::ImageReference;
 use narya_runtimes::containerd::{Containerd, ContainerdConfig};
+use narya_runtimes::{ImageSource, MachineSpec, MachineState, Network, Runtime, User};
 
 fn containerd(socket: &str, namespace: &str, scratch: &std::path::Path) -> Containerd {
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
@@ -18,6 +21,22 @@ fn containerd(socket: &str, namespace: &str, scratch: &std::path::Path) -> Conta
         fifo_dir: scratch.join("fifo"),
     })
     .expect("the containerd back end builds")
+}
+
+/// The official image as an OCI layout, when the variables name one.
+fn layout_reference() -> Option<ImageReference> {
+    let layout = support::required("NARYA_TEST_IMAGE_LAYOUT")?;
+    Some(
+        format!("oci-layout:{layout}")
+            .parse()
+            .expect("a layout reference"),
+    )
+}
+
+/// The official image in a registry, when the variables name one.
+fn registry_reference() -> Option<ImageReference> {
+    let reference = support::required("NARYA_TEST_IMAGE_REF")?;
+    Some(reference.parse().expect("a registry reference"))
 }
 
 /// The suite against this back end with the image from `reference`; skipped (outside CI) when
@@ -51,20 +70,128 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_an_oci_layout() {
-    run_suite(
-        support::layout_reference(),
-        "narya-conformance-layout",
-        "cl",
-    )
-    .await;
+    run_suite(layout_reference(), "narya-conformance-layout", "cl").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_a_registry() {
-    run_suite(
-        support::registry_reference(),
-        "narya-conformance-registry",
-        "cr",
-    )
-    .await;
+    run_suite(registry_reference(), "narya-conformance-registry", "cr").await;
+}
+
+/// Removes machine `id` of `namespace` with containerd's own CLI when dropped, also when the
+/// test failed: task, container record, writable layer.
+struct Removal {
+    socket: String,
+    namespace: String,
+    id: String,
+}
+
+impl Drop for Removal {
+    fn drop(&mut self) {
+        let ctr = ["--address", &self.socket, "--namespace", &self.namespace];
+        for args in [
+            &["tasks", "kill", "--signal", "SIGKILL", &self.id][..],
+            &["tasks", "delete", "--force", &self.id],
+            &["containers", "delete", &self.id],
+            &["snapshots", "remove", &self.id],
+        ] {
+            let _ = std::process::Command::new("ctr")
+                .args(ctr)
+                .args(args)
+                .output();
+        }
+    }
+}
+
+/// Deletes container record `id` of `namespace` straight through containerd's API, leaving
+/// its task running, as a removal from outside racing a restart of the machine can.
+async fn delete_only_the_record(socket: &str, namespace: &str, id: &str) {
+    use containerd_client::services::v1::containers_client::ContainersClient;
+    use containerd_client::services::v1::DeleteContainerRequest;
+    let channel = containerd_client::connect(socket).await.unwrap();
+    let mut request = tonic::Request::new(DeleteContainerRequest { id: id.to_owned() });
+    request
+        .metadata_mut()
+        .insert("containerd-namespace", namespace.parse().unwrap());
+    ContainersClient::new(channel)
+        .delete(request)
+        .await
+        .expect("containerd deletes a container record whose task runs");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_that_outlived_its_container_does_not_block_a_new_machine_of_its_name() {
+    let Some(reference) = layout_reference() else {
+        return;
+    };
+    let Some(socket) = support::required("NARYA_TEST_CONTAINERD_SOCKET") else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    // Shared by every run of this test (the image stays for the next); the machine is this
+    // process's own.
+    let namespace = "narya-runtime-tests";
+    let runtime = containerd(&socket, namespace, scratch.path());
+    if support::answering(&runtime, &socket).await.is_none() {
+        return;
+    }
+    let image = runtime
+        .ensure_image(&ImageSource {
+            reference,
+            pinned: None,
+        })
+        .await
+        .unwrap();
+    let id = format!("outlived-{}", std::process::id());
+    let _removal = Removal {
+        socket: socket.clone(),
+        namespace: namespace.to_owned(),
+        id: id.clone(),
+    };
+    let workspace = scratch.path().join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let spec = MachineSpec {
+        id: id.clone(),
+        environment: id.clone(),
+        organisation: namespace.to_owned(),
+        image,
+        workspace,
+        mount_point: "/workspace".to_owned(),
+        user: User {
+            uid: 1000,
+            gid: 1000,
+        },
+        network: Network::Host,
+        limits: support::test_limits(),
+        labels: BTreeMap::new(),
+    };
+    runtime.create_machine(&spec).await.unwrap();
+    delete_only_the_record(&socket, namespace, &id).await;
+    assert_eq!(runtime.inspect(&id).await.unwrap(), MachineState::Missing);
+    let tasks = std::process::Command::new("ctr")
+        .args([
+            "--address",
+            &socket,
+            "--namespace",
+            namespace,
+            "tasks",
+            "ls",
+        ])
+        .output()
+        .expect("ctr runs");
+    assert!(
+        String::from_utf8_lossy(&tasks.stdout).contains(&id),
+        "the task outlived its record: {}",
+        String::from_utf8_lossy(&tasks.stdout)
+    );
+
+    // What a replace does: remove whatever is left, make the machine again.
+    runtime.remove(&id).await.unwrap();
+    runtime
+        .create_machine(&spec)
+        .await
+        .expect("a machine made again over a task that outlived its record");
+    assert_eq!(runtime.inspect(&id).await.unwrap(), MachineState::Running);
+    runtime.remove(&id).await.unwrap();
+    assert_eq!(runtime.inspect(&id).await.unwrap(), MachineState::Missing);
 }

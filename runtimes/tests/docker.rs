@@ -60,17 +60,112 @@ async fn forget_image(
         .await;
 }
 
+/// A copy of the official image layout at `layout` in `out` that only this run uses: the same
+/// layer under a configuration of its own (its `author` names this run), so its digest and its
+/// engine image id are this run's. Forgetting it takes nothing from the daemons and suites that
+/// share the engine and run the official image meanwhile. Answers the copy's manifest digest.
+fn private_copy(layout: &Path, out: &Path) -> Digest {
+    let original = narya_oci::layout::Layout::open(layout).expect("the official image layout");
+    let (_, manifest_bytes) = original
+        .manifest(&original.resolve().expect("a linux/amd64 manifest"))
+        .expect("the official image's manifest");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&manifest_bytes).unwrap();
+    let blobs = out.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let write_blob = |bytes: &[u8]| {
+        let digest = Digest::of(bytes);
+        std::fs::write(blobs.join(digest.hex()), bytes).unwrap();
+        (digest, bytes.len())
+    };
+    for layer in manifest["layers"].as_array().unwrap() {
+        let digest: Digest = layer["digest"].as_str().unwrap().parse().unwrap();
+        let (from, to) = (original.blob_path(&digest), blobs.join(digest.hex()));
+        if std::fs::hard_link(&from, &to).is_err() {
+            std::fs::copy(&from, &to).unwrap();
+        }
+    }
+    let config_digest: Digest = manifest["config"]["digest"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&original.read_blob(&config_digest).unwrap()).unwrap();
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    config["author"] = format!(
+        "narya runtimes conformance, run {}-{run}",
+        std::process::id()
+    )
+    .into();
+    let (config_digest, config_size) = write_blob(&serde_json::to_vec(&config).unwrap());
+    manifest["config"]["digest"] = config_digest.to_string().into();
+    manifest["config"]["size"] = config_size.into();
+    let (manifest_digest, manifest_size) = write_blob(&serde_json::to_vec(&manifest).unwrap());
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    index["manifests"] = serde_json::json!([{
+        "mediaType": manifest["mediaType"],
+        "digest": manifest_digest.to_string(),
+        "size": manifest_size,
+        "platform": {"architecture": "amd64", "os": "linux"},
+        "annotations": {"org.opencontainers.image.ref.name": "official"},
+    }]);
+    std::fs::write(out.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::copy(layout.join("oci-layout"), out.join("oci-layout")).unwrap();
+    manifest_digest
+}
+
+/// Pushes the layout at `layout` to `reference` in the test registry.
+fn push(layout: &Path, reference: &str) {
+    let pushed = std::process::Command::new("skopeo")
+        .args([
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("oci:{}:official", layout.display()))
+        .arg(format!("docker://{reference}"))
+        .output()
+        .expect("skopeo runs");
+    assert!(
+        pushed.status.success(),
+        "pushing to {reference}: {}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+}
+
+/// Where this run's suites find their image: this run's copy of the official image, as a
+/// layout (`registry` false) or pushed to a repository of this run's in the test registry.
+fn private_reference(registry: bool, scratch: &Path, prefix: &str) -> Option<ImageReference> {
+    let layout = support::required("NARYA_TEST_IMAGE_LAYOUT")?;
+    let copy = scratch.join("image");
+    private_copy(Path::new(&layout), &copy);
+    let reference = if registry {
+        let host = support::required("NARYA_TEST_REGISTRY")?;
+        let reference = format!("{host}/narya-test/{prefix}-{}:test", std::process::id());
+        push(&copy, &reference);
+        reference
+    } else {
+        format!("oci-layout:{}", copy.display())
+    };
+    Some(reference.parse().expect("an image reference"))
+}
+
 /// The suite against this back end with the image from `reference`; skipped (outside CI) when
 /// the variables name no such image.
-async fn run_suite(reference: Option<ImageReference>, prefix: &str, engine: &str) {
-    let Some(reference) = reference else {
+async fn run_suite(registry: bool, prefix: &str, engine: &str) {
+    let scratch = tempfile::tempdir().unwrap();
+    let Some(reference) = private_reference(registry, scratch.path(), prefix) else {
         return;
     };
     let Some(socket) = support::required(engine) else {
         return;
     };
     let socket = PathBuf::from(socket);
-    let scratch = tempfile::tempdir().unwrap();
     let runtime = docker(&socket, scratch.path());
     let Some(version) = support::answering(&runtime, &socket.display().to_string()).await else {
         return;
@@ -97,24 +192,25 @@ async fn run_suite(reference: Option<ImageReference>, prefix: &str, engine: &str
         &version,
     );
     support::run_and_judge(&runtime, &fixture).await;
+    forget_image(&socket, &fetcher, &fixture.image.reference, &digest).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_an_oci_layout() {
-    run_suite(support::layout_reference(), "dl", DOCKER).await;
+    run_suite(false, "dl", DOCKER).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_a_registry() {
-    run_suite(support::registry_reference(), "dr", DOCKER).await;
+    run_suite(true, "dr", DOCKER).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn podman_conformance_with_the_image_from_an_oci_layout() {
-    run_suite(support::layout_reference(), "pl", PODMAN).await;
+    run_suite(false, "pl", PODMAN).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn podman_conformance_with_the_image_from_a_registry() {
-    run_suite(support::registry_reference(), "pr", PODMAN).await;
+    run_suite(true, "pr", PODMAN).await;
 }

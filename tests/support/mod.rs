@@ -150,7 +150,7 @@ impl Daemon {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let unix_up = std::os::unix::net::UnixStream::connect(&self.socket).is_ok();
             let tcp_up = std::net::TcpStream::connect(&self.tcp).is_ok();
@@ -169,7 +169,7 @@ impl Daemon {
             }
             assert!(
                 Instant::now() < deadline,
-                "naryad did not start listening in 20 s:\n{}",
+                "naryad did not start listening in 60 s:\n{}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(25));
@@ -221,14 +221,14 @@ impl Daemon {
             .status()
             .unwrap();
         assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 return status;
             }
             assert!(
                 Instant::now() < deadline,
-                "naryad ignored SIGTERM:\n{}",
+                "naryad ignored SIGTERM for 60 s:\n{}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(25));

@@ -89,12 +89,31 @@ impl Containerd {
                 labels,
             )
             .await?;
-        if let Err(e) = self.start_task(&spec_in.id, mounts).await {
+        let started = match self.start_task(&spec_in.id, mounts.clone()).await {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                self.clear_outlived_task(&spec_in.id).await?;
+                self.start_task(&spec_in.id, mounts).await
+            }
+            other => other,
+        };
+        if let Err(e) = started {
             let _ = self.stop_task(&spec_in.id).await;
             self.delete_container(&spec_in.id).await;
             return Err(e);
         }
         Ok(labels::running_machine(spec_in))
+    }
+
+    /// Ends a task of `id` that outlived its container record: a machine removed from outside
+    /// while it was being started again leaves one, and containerd then refuses a new task of
+    /// that name. Its tasks are reachable again now that the new record of `id` exists.
+    async fn clear_outlived_task(&self, id: &str) -> Result<()> {
+        tracing::warn!(machine = %id, "ending a task left by an earlier machine of this name");
+        if let Err(e) = self.stop_task(id).await {
+            self.delete_container(id).await;
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// `Runtime::inspect`.

@@ -275,7 +275,9 @@ impl Docker {
         })))
     }
 
-    /// `Runtime::changes`: the engine's container events of Narya machines.
+    /// `Runtime::changes`: the engine's container events of Narya machines, from the moment
+    /// of the call. The request goes out only when the stream is first read, so it asks for
+    /// the events since now: a machine that stops in between is still reported.
     pub(super) async fn subscribe_changes(
         &self,
     ) -> Result<futures_util::stream::BoxStream<'static, Change>> {
@@ -284,8 +286,11 @@ impl Docker {
         if self.engine.is_podman().await? {
             return Ok(super::podman::polled_changes(client).await);
         }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
         let options = bollard::query_parameters::EventsOptions {
-            since: None,
+            since: Some(format!("{}.{:09}", now.as_secs(), now.subsec_nanos())),
             until: None,
             filters: Some(std::collections::HashMap::from([
                 ("type".to_owned(), vec!["container".to_owned()]),

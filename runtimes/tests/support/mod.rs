@@ -103,19 +103,3 @@ pub async fn run_and_judge(runtime: &dyn Runtime, fixture: &Fixture) {
         panic!("conformance against {}:\n{failed}", runtime.name());
     }
 }
-
-/// The official image as an OCI layout, when the variables name one.
-pub fn layout_reference() -> Option<ImageReference> {
-    let layout = required("NARYA_TEST_IMAGE_LAYOUT")?;
-    Some(
-        format!("oci-layout:{layout}")
-            .parse()
-            .expect("a layout reference"),
-    )
-}
-
-/// The official image in a registry, when the variables name one.
-pub fn registry_reference() -> Option<ImageReference> {
-    let reference = required("NARYA_TEST_IMAGE_REF")?;
-    Some(reference.parse().expect("a registry reference"))
-}
