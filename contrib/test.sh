@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the whole test suite. As root it first starts containerd, dockerd and the registry on
+# Runs the whole test suite. As root it first starts containerd, dockerd, the registry and Podman on
 # their private paths when they are not answering (contrib/dev/services.sh), builds the official
 # image once into $NARYA_IMAGE_DIR (reused afterwards) and pushes it to the test registry; then
 # `cargo test --workspace`. Under CI=true a service or image that is missing fails the run;

@@ -27,6 +27,7 @@ pub fn connect(config: &Config) -> Result<Arc<dyn Runtime>, RuntimeError> {
             socket: config.runtime.docker_socket.clone(),
             insecure_registries: config.image.insecure_registries.clone(),
             network: network(config),
+            profile_dir: config.state_dir.join("profiles"),
         })?)),
     }
 }

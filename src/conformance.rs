@@ -19,6 +19,10 @@ pub enum ConformanceError {
 pub async fn run(config: &Config) -> Result<(), ConformanceError> {
     let runtime =
         crate::backend::connect(config).map_err(|e| ConformanceError::Setup(e.to_string()))?;
+    let version = runtime
+        .version()
+        .await
+        .map_err(|e| ConformanceError::Setup(e.to_string()))?;
     let scratch = config.state_dir.join("conformance");
     std::fs::create_dir_all(&scratch)
         .map_err(|e| ConformanceError::Setup(format!("{}: {e}", scratch.display())))?;
@@ -45,13 +49,15 @@ pub async fn run(config: &Config) -> Result<(), ConformanceError> {
         scratch: scratch.clone(),
         user: config.environment.user,
         network: config.environment.network,
+        limits: suite_limits(config),
         mount_point: config.environment.workspace.clone(),
         prefix: format!("narya-conformance-{}", std::process::id()),
         unreachable: Some(unreachable),
         outside: outside.as_ref().map(|o| o.addr),
+        known_gaps: conformance::known_gaps(&version),
     };
     println!(
-        "conformance: {} back end, image {}",
+        "conformance: {} back end ({version}), image {}",
         runtime.name(),
         config.image.reference
     );
@@ -73,4 +79,16 @@ pub async fn run(config: &Config) -> Result<(), ConformanceError> {
 
 fn remove_empty(dir: &Path) -> std::io::Result<()> {
     std::fs::remove_dir(dir)
+}
+
+/// The configured limits with memory, pids and `/tmp` made small, so the isolation cases that
+/// go past them (and allocate twice the memory limit) stay quick and light on the host.
+fn suite_limits(config: &Config) -> narya_runtimes::Limits {
+    let configured = config.limits.limits();
+    narya_runtimes::Limits {
+        memory: configured.memory.min(256 << 20),
+        pids: configured.pids.min(128),
+        tmp: configured.tmp.min(16 << 20),
+        ..configured
+    }
 }

@@ -18,6 +18,7 @@ fn duration(base: u32, backend: Backend) -> String {
     let which = match backend {
         Backend::Containerd => 1,
         Backend::Docker => 2,
+        Backend::Podman => 3,
     };
     format!("{base}.{}{which}", std::process::id())
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use support::e2e::{requirements_for, Backend};
 use support::github::GitHubDouble;
 use support::idp::IdentityProvider;
-use support::{free_port, make_key};
+use support::{free_port, make_key, LIMITS};
 
 /// What `naryad check-config --config PATH` printed and how it exited.
 struct Checked {
@@ -103,7 +103,7 @@ async fn a_wrong_socket_an_unreachable_identity_provider_and_a_missing_key_are_t
          [runtime]\ncontainerd_socket = {runtime:?}\n\n\
          [image]\nreference = {reference:?}\n\n\
          [github]\napp_id = 1\nprivate_key = {key:?}\nclient_id = \"Iv1.check\"\n\
-         client_secret_file = {secret:?}\napi_url = {unreachable:?}\n",
+         client_secret_file = {secret:?}\napi_url = {unreachable:?}\n{LIMITS}",
         state = state.display().to_string(),
         socket = dir.path().join("run/narya.sock").display().to_string(),
         runtime = dir
@@ -176,11 +176,13 @@ async fn a_configuration_a_start_would_take_passes(backend: Backend) {
     let github = GitHubDouble::start().await;
     let runtime = match backend {
         Backend::Containerd => format!("[runtime]\ncontainerd_socket = {socket:?}\n"),
-        Backend::Docker => format!("[runtime]\nbackend = \"docker\"\ndocker_socket = {socket:?}\n"),
+        Backend::Docker | Backend::Podman => {
+            format!("[runtime]\nbackend = \"docker\"\ndocker_socket = {socket:?}\n")
+        }
     };
     // The Docker run resolves the image in the test registry, when there is one.
     let image = match (backend, std::env::var("NARYA_TEST_IMAGE_REF")) {
-        (Backend::Docker, Ok(reference)) if !reference.is_empty() => {
+        (Backend::Docker | Backend::Podman, Ok(reference)) if !reference.is_empty() => {
             let registry = reference.split('/').next().unwrap_or_default().to_owned();
             format!("[image]\nreference = {reference:?}\ninsecure_registries = [{registry:?}]\n")
         }
@@ -191,7 +193,7 @@ async fn a_configuration_a_start_would_take_passes(backend: Backend) {
     let config = format!(
         "state_dir = {state:?}\n\n\
          [listen]\nsocket = {served:?}\ntcp = \"127.0.0.1:{port}\"\n\n\
-         {identity}\n{runtime}\n{image}\n{github}",
+         {identity}\n{runtime}\n{image}\n{github}\n{LIMITS}",
         state = state.display().to_string(),
         served = served.display().to_string(),
         port = free_port(),
@@ -206,7 +208,7 @@ async fn a_configuration_a_start_would_take_passes(backend: Backend) {
     assert!(checked.problems().is_empty(), "{checked}");
     let name = match backend {
         Backend::Containerd => "containerd",
-        Backend::Docker => "docker",
+        Backend::Docker | Backend::Podman => "docker",
     };
     assert!(
         checked.says(&format!("ok: runtime {name} at {socket} answers: version ")),

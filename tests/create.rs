@@ -788,7 +788,7 @@ fn the_cli_shows_an_unusable_environment_with_its_output_and_fails() {
     runtime.block_on(host.remove(&id));
 }
 
-on_both_backends!(
+on_every_engine!(
     a_create_without_setup_is_ready_pinned_and_idempotent,
     setup_runs_once_as_the_unprivileged_user_in_the_workspace,
     a_failing_setup_leaves_the_environment_unusable_and_is_never_run_again,

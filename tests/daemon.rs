@@ -7,7 +7,7 @@ use std::process::Command;
 use hyper::{Method, StatusCode};
 use serde_json::json;
 use support::idp::IdentityProvider;
-use support::{make_key, now, Daemon};
+use support::{make_key, now, Daemon, LIMITS};
 
 const IDENTITY: &str = "[identity]\nissuer = \"http://127.0.0.1:9\"\naudience = \"narya\"\n";
 
@@ -44,6 +44,22 @@ fn a_bad_configuration_stops_start_up_naming_the_key_and_file() {
             "bad algorithm",
             format!("{IDENTITY}algorithms = [\"none\"]\n"),
             "algorithms",
+        ),
+        (
+            "root as the environment's user",
+            format!("{IDENTITY}\n[environment]\nuser = \"0:1000\"\n{LIMITS}"),
+            "environment.user",
+        ),
+        (
+            "/tmp as large as memory",
+            format!("{IDENTITY}\n[limits]\nmemory = \"1GiB\"\ntmp = \"1GiB\"\nnofile = 1024\n"),
+            "limits.tmp",
+        ),
+        (
+            // Far above any host's hard limit of open files.
+            "nofile above the host's hard limit",
+            format!("{IDENTITY}\n[limits]\nnofile = 1099511627776\n"),
+            "limits.nofile",
         ),
     ];
     for (case, config, key) in cases {
@@ -89,7 +105,7 @@ fn a_live_socket_is_refused() {
     std::fs::write(
         &config,
         format!(
-            "state_dir = {:?}\n[listen]\nsocket = {:?}\n{IDENTITY}",
+            "state_dir = {:?}\n[listen]\nsocket = {:?}\n{IDENTITY}{LIMITS}",
             dir.path().join("state").display().to_string(),
             first.socket.display().to_string()
         ),
@@ -118,7 +134,7 @@ fn a_file_in_the_sockets_place_is_never_deleted() {
     std::fs::write(
         &config,
         format!(
-            "state_dir = {:?}\n[listen]\nsocket = {:?}\n{IDENTITY}",
+            "state_dir = {:?}\n[listen]\nsocket = {:?}\n{IDENTITY}{LIMITS}",
             dir.path().join("state").display().to_string(),
             socket.display().to_string()
         ),

@@ -476,7 +476,7 @@ async fn a_streamed_repeat_joins_the_create_in_flight(backend: Backend) {
     host.remove(&id).await;
 }
 
-on_both_backends!(
+on_every_engine!(
     commands_run_as_the_unprivileged_user_with_their_env_cwd_and_stdin,
     streamed_output_arrives_while_the_command_runs,
     timed_out_and_abandoned_commands_leave_nothing_running,

@@ -75,7 +75,7 @@ async fn machine_record(host: &Host, id: &str) -> (String, SystemTime) {
             let created = info["CreatedAt"].as_str().unwrap().to_owned();
             (out.stdout, created)
         }
-        Backend::Docker => {
+        Backend::Docker | Backend::Podman => {
             let out = Command::new("docker")
                 .args(["-H", &format!("unix://{}", host.socket), "inspect", &name])
                 .output()

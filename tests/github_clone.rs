@@ -68,6 +68,7 @@ fn runtime_dirs(backend: Backend) -> Vec<PathBuf> {
     let dirs = match backend {
         Backend::Containerd => vec![data.join("containerd"), run.join("containerd-state")],
         Backend::Docker => vec![data.join("docker"), run.join("docker-exec")],
+        Backend::Podman => vec![data.join("podman"), run.join("podman-run")],
     };
     for d in &dirs {
         assert!(d.is_dir(), "no runtime directory {}", d.display());
@@ -101,7 +102,7 @@ fn runtime_record(host: &Host, name: &str) -> String {
             .args(["--address", &host.socket, "-n", NAMESPACE])
             .args(["containers", "info", name])
             .output(),
-        Backend::Docker => Command::new("docker")
+        Backend::Docker | Backend::Podman => Command::new("docker")
             .args(["-H", &format!("unix://{}", host.socket), "inspect", name])
             .output(),
     }
@@ -258,6 +259,7 @@ async fn foreign_throwaway(
         network: Network::None,
         environment: environment.to_owned(),
         organisation: "acme".to_owned(),
+        limits: narya_runtimes::Limits::default(),
         process: ProcessSpec {
             argv: vec!["sleep".to_owned(), "600".to_owned()],
             env: Default::default(),

@@ -3,8 +3,11 @@
 #   containerd  unix://$NARYA_RUN_DIR/containerd.sock   (state under $NARYA_DATA_DIR/containerd)
 #   dockerd     unix://$NARYA_RUN_DIR/docker.sock       (with its own containerd)
 #   registry    http://$NARYA_REGISTRY                  (Debian's docker-registry, distribution 2.8)
+#   podman      unix://$NARYA_RUN_DIR/podman.sock       (Podman's Docker-compatible service; its
+#               own storage under $NARYA_DATA_DIR/podman, its own registries.conf)
 # Each is started only if it is not answering already. Needs root and the Debian packages
-# containerd, runc, docker.io and docker-registry (contrib/dev/setup.sh or .ci/run install them).
+# containerd, runc, docker.io, docker-registry and podman (contrib/dev/setup.sh or .ci/run
+# install them).
 # Under CI=true any service that does not come up is a failure; otherwise a warning.
 #
 #   contrib/dev/services.sh start | stop | env
@@ -15,6 +18,8 @@ NARYA_DATA_DIR=${NARYA_DATA_DIR:-/var/lib/narya-test}
 NARYA_REGISTRY=${NARYA_REGISTRY:-127.0.0.1:5000}
 CONTAINERD_SOCK=$NARYA_RUN_DIR/containerd.sock
 DOCKER_SOCK=$NARYA_RUN_DIR/docker.sock
+PODMAN_SOCK=$NARYA_RUN_DIR/podman.sock
+PODMAN_CONF=$NARYA_RUN_DIR/podman
 LOG_DIR=$NARYA_RUN_DIR/logs
 
 failures=0
@@ -35,6 +40,15 @@ wait_for() {
 containerd_up() { ctr --address "$CONTAINERD_SOCK" version; }
 docker_up() { docker -H "unix://$DOCKER_SOCK" version; }
 registry_up() { curl -fsS "http://$NARYA_REGISTRY/v2/"; }
+podman_up() { curl -fsS --unix-socket "$PODMAN_SOCK" http://d/_ping; }
+
+# Podman reads its configuration from files; these keep it off the host's own (its storage,
+# registries and containers.conf) and let it pull from the plain-HTTP test registry.
+podman_env() {
+  export CONTAINERS_REGISTRIES_CONF=$PODMAN_CONF/registries.conf
+  export CONTAINERS_STORAGE_CONF=$PODMAN_CONF/storage.conf
+  export CONTAINERS_CONF=$PODMAN_CONF/containers.conf
+}
 
 start_containerd() {
   if containerd_up >/dev/null 2>&1; then echo "containerd: already answering on $CONTAINERD_SOCK"; return; fi
@@ -98,6 +112,55 @@ YAML
   fi
 }
 
+start_podman() {
+  if podman_up >/dev/null 2>&1; then echo "podman: already answering on $PODMAN_SOCK"; return; fi
+  command -v podman >/dev/null || { fail "podman is not installed (apt-get install podman)"; return; }
+  mkdir -p "$PODMAN_CONF" "$NARYA_DATA_DIR/podman/storage" "$NARYA_RUN_DIR/podman-run" "$NARYA_RUN_DIR/podman-tmp"
+  cat > "$PODMAN_CONF/registries.conf" <<CONF
+unqualified-search-registries = []
+
+[[registry]]
+location = "$NARYA_REGISTRY"
+insecure = true
+CONF
+  cat > "$PODMAN_CONF/storage.conf" <<CONF
+[storage]
+driver = "overlay"
+graphroot = "$NARYA_DATA_DIR/podman/storage"
+runroot = "$NARYA_RUN_DIR/podman-run"
+CONF
+  # cgroupfs: no systemd runs here. A private cgroup namespace for every container: Podman's
+  # Docker-compatible API ignores the CgroupnsMode a create asks for, so it is the default here.
+  cat > "$PODMAN_CONF/containers.conf" <<CONF
+[containers]
+cgroupns = "private"
+
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+events_logfile_path = "$NARYA_RUN_DIR/podman-events.log"
+tmp_dir = "$NARYA_RUN_DIR/podman-tmp"
+static_dir = "$NARYA_DATA_DIR/podman/libpod"
+volume_path = "$NARYA_DATA_DIR/podman/volumes"
+
+[network]
+network_config_dir = "$PODMAN_CONF/networks"
+CONF
+  rm -f "$PODMAN_SOCK"
+  podman_env
+  setsid podman --root "$NARYA_DATA_DIR/podman/storage" --runroot "$NARYA_RUN_DIR/podman-run" \
+    --cgroup-manager cgroupfs --tmpdir "$NARYA_RUN_DIR/podman-tmp" \
+    system service --time=0 "unix://$PODMAN_SOCK" \
+    >"$LOG_DIR/podman.log" 2>&1 < /dev/null &
+  echo $! > "$NARYA_RUN_DIR/podman.pid"
+  if wait_for 60 podman_up; then
+    echo "podman: answering on $PODMAN_SOCK"
+  else
+    fail "podman did not answer on $PODMAN_SOCK within 60 s; see $LOG_DIR/podman.log"
+    tail -n 20 "$LOG_DIR/podman.log" >&2
+  fi
+}
+
 stop_pidfile() {
   local file=$1
   [ -f "$file" ] || return 0
@@ -112,8 +175,10 @@ case "${1:-start}" in
     start_containerd
     start_dockerd
     start_registry
+    start_podman
     ;;
   stop)
+    stop_pidfile "$NARYA_RUN_DIR/podman.pid"
     stop_pidfile "$NARYA_RUN_DIR/docker.pid"
     stop_pidfile "$NARYA_RUN_DIR/registry.pid"
     stop_pidfile "$NARYA_RUN_DIR/containerd.pid"
@@ -125,6 +190,7 @@ case "${1:-start}" in
     # Where the runtimes keep their state, for tests that look for what must never be there.
     echo "export NARYA_RUN_DIR=$NARYA_RUN_DIR"
     echo "export NARYA_DATA_DIR=$NARYA_DATA_DIR"
+    echo "export NARYA_TEST_PODMAN_SOCKET=$PODMAN_SOCK"
     exit 0
     ;;
   *)

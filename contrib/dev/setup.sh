@@ -20,7 +20,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   protobuf-compiler containerd runc docker.io docker-registry mmdebstrap skopeo \
-  openssl ca-certificates curl git iproute2 iptables containernetworking-plugins >/dev/null
+  podman openssl ca-certificates curl git iproute2 iptables containernetworking-plugins >/dev/null
 
 echo "== services"
 contrib/dev/services.sh start
@@ -44,6 +44,9 @@ narya dev jwks --key "$DEV_DIR/identity.pem" > "$DEV_DIR/jwks.json"
 
 echo "== configuration"
 if [ ! -f "$CONFIG" ]; then
+  # naryad refuses a limits.nofile above its own hard limit of open files.
+  NOFILE=$(ulimit -Hn)
+  if [ "$NOFILE" = unlimited ] || [ "$NOFILE" -gt 65536 ]; then NOFILE=65536; fi
   mkdir -p "$(dirname "$CONFIG")"
   cat > "$CONFIG" <<TOML
 # Development host configuration written by contrib/dev/setup.sh; every other key has its default.
@@ -58,6 +61,9 @@ docker_socket = "$NARYA_TEST_DOCKER_SOCKET"
 
 [image]
 insecure_registries = ["$NARYA_TEST_REGISTRY"]
+
+[limits]
+nofile = $NOFILE                        # the default 65536, or this host's hard limit if lower
 TOML
   echo "wrote $CONFIG"
 else

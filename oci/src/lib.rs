@@ -5,6 +5,7 @@ pub mod layout;
 pub mod manifest;
 mod reference;
 pub mod registry;
+pub mod seccomp;
 pub mod spec;
 
 pub use digest::{Digest, DigestError};

@@ -1,14 +1,33 @@
-//! OCI runtime-spec documents for Narya's machines and processes: always an unprivileged user,
-//! no new privileges, no capabilities, the default masked and read-only paths.
+//! OCI runtime specs (typed, from `oci-spec`) for Narya's machines and processes: always an
+//! unprivileged user, no new privileges, no capabilities, the seccomp filter of
+//! [`crate::seccomp`], private namespaces (cgroup included), the `[limits]` in the cgroup, an
+//! explicit `RLIMIT_NOFILE` and a raised `oom_score_adj`.
 
+use std::collections::HashSet;
 use std::path::Path;
 
-use serde_json::{json, Value};
+use oci_spec::runtime::{
+    LinuxBuilder, LinuxCapabilities, LinuxCpuBuilder, LinuxDeviceCgroupBuilder, LinuxMemoryBuilder,
+    LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder,
+    LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType,
+    ProcessBuilder, RootBuilder, SpecBuilder, UserBuilder,
+};
+/// A runtime spec and its process document, as `oci-spec` types them.
+pub use oci_spec::runtime::{Process, Spec};
+
+pub use oci_spec::OciSpecError as SpecError;
 
 /// The `type_url` containerd expects for a runtime spec carried in an `Any`.
 pub const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
 /// The `type_url` containerd expects for an exec's process carried in an `Any`.
 pub const PROCESS_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Process";
+
+/// The `oom_score_adj` of every process of every environment, on every back end: positive, so
+/// that under host memory pressure the kernel picks them before the daemon and the runtime.
+pub const OOM_SCORE_ADJ: i32 = 500;
+
+/// The CFS period the CPU quota is a share of, in microseconds (the kernel's default).
+pub const CPU_PERIOD_US: u64 = 100_000;
 
 const MASKED_PATHS: &[&str] = &[
     "/proc/acpi",
@@ -32,6 +51,50 @@ const READONLY_PATHS: &[&str] = &[
     "/proc/sysrq-trigger",
 ];
 
+/// What bounds one environment (`[limits]`): its machine, every process in it, its throwaway.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Limits {
+    /// Bytes of memory; past it the kernel kills a process inside.
+    pub memory: u64,
+    /// CPUs' worth of time (a CFS quota).
+    pub cpus: f64,
+    /// Processes and threads.
+    pub pids: u32,
+    /// Bytes of the private `/tmp` (a tmpfs; counted in `memory` too).
+    pub tmp: u64,
+    /// `RLIMIT_NOFILE`, soft and hard.
+    pub nofile: u64,
+}
+
+impl Default for Limits {
+    /// The contract's defaults.
+    fn default() -> Self {
+        Limits {
+            memory: 4 << 30,
+            cpus: 2.0,
+            pids: 4096,
+            tmp: 1 << 30,
+            nofile: 65536,
+        }
+    }
+}
+
+impl Limits {
+    /// The CFS quota per [`CPU_PERIOD_US`] that gives `cpus` CPUs.
+    pub fn cpu_quota_us(&self) -> i64 {
+        (self.cpus * CPU_PERIOD_US as f64).round() as i64
+    }
+
+    /// The options of the private `/tmp` tmpfs, the same on every back end.
+    pub fn tmp_options(&self) -> Vec<String> {
+        ["rw", "exec", "nosuid", "nodev", "mode=1777"]
+            .map(str::to_owned)
+            .into_iter()
+            .chain([format!("size={}", self.tmp)])
+            .collect()
+    }
+}
+
 /// One process: who runs it, what, where, with which environment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessSpec {
@@ -41,10 +104,12 @@ pub struct ProcessSpec {
     pub cwd: String,
     pub uid: u32,
     pub gid: u32,
+    /// `RLIMIT_NOFILE`, soft and hard.
+    pub nofile: u64,
 }
 
-/// A container: its process, its root, its workspace, its network.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A container: its process, its root, its workspace, its network, its limits.
+#[derive(Clone, Debug, PartialEq)]
 pub struct ContainerSpec<'a> {
     pub hostname: &'a str,
     pub process: ProcessSpec,
@@ -60,39 +125,80 @@ pub struct ContainerSpec<'a> {
     pub resolv_conf: Option<&'a Path>,
     /// The cgroup path, e.g. `/narya/demo`.
     pub cgroups_path: &'a str,
+    pub limits: Limits,
 }
 
-/// The process document of a spec (also what an exec takes).
-pub fn process(p: &ProcessSpec) -> Value {
-    json!({
-        "terminal": false,
-        "user": { "uid": p.uid, "gid": p.gid, "additionalGids": [p.gid] },
-        "args": p.args,
-        "env": p.env,
-        "cwd": p.cwd,
-        // No capability in any set: the process can do nothing root could. No rlimits: they
-        // are inherited from the runtime, as raising them needs a privilege we do not give.
-        "capabilities": {
-            "bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []
-        },
-        "noNewPrivileges": true
-    })
+/// The process document of a spec (also what an exec takes): no capability in any set, no new
+/// privileges, the raised `oom_score_adj` and the explicit `RLIMIT_NOFILE`.
+pub fn process(p: &ProcessSpec) -> Result<Process, SpecError> {
+    let none = || HashSet::new();
+    let mut capabilities = LinuxCapabilities::default();
+    capabilities.set_bounding(Some(none()));
+    capabilities.set_effective(Some(none()));
+    capabilities.set_inheritable(Some(none()));
+    capabilities.set_permitted(Some(none()));
+    capabilities.set_ambient(Some(none()));
+    ProcessBuilder::default()
+        .terminal(false)
+        .user(
+            UserBuilder::default()
+                .uid(p.uid)
+                .gid(p.gid)
+                .additional_gids(vec![p.gid])
+                .build()?,
+        )
+        .args(p.args.clone())
+        .env(p.env.clone())
+        .cwd(p.cwd.clone())
+        .capabilities(capabilities)
+        .rlimits(vec![PosixRlimitBuilder::default()
+            .typ(PosixRlimitType::RlimitNofile)
+            .soft(p.nofile)
+            .hard(p.nofile)
+            .build()?])
+        .no_new_privileges(true)
+        .oom_score_adj(OOM_SCORE_ADJ)
+        .build()
 }
 
-fn mount(destination: &str, kind: &str, source: &str, options: &[&str]) -> Value {
-    json!({ "destination": destination, "type": kind, "source": source, "options": options })
+/// An exec's process in a machine made from `machine`: the machine's own process (user,
+/// capabilities, rlimits, `oom_score_adj`, no new privileges) with `args`, `env` and `cwd`
+/// of the exec.
+pub fn exec_process(machine: &Process, args: Vec<String>, env: Vec<String>, cwd: &str) -> Process {
+    let mut process = machine.clone();
+    process.set_args(Some(args));
+    process.set_env(Some(env));
+    process.set_cwd(cwd.into());
+    process.set_terminal(Some(false));
+    process
 }
 
-/// The full runtime spec of a container. `root.path` is `rootfs`, writable.
-pub fn container(spec: &ContainerSpec<'_>) -> Value {
-    let mut mounts = vec![
-        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
+fn mount(
+    destination: &str,
+    kind: &str,
+    source: &str,
+    options: &[&str],
+) -> Result<Mount, SpecError> {
+    MountBuilder::default()
+        .destination(destination)
+        .typ(kind)
+        .source(source)
+        .options(options.iter().map(|o| (*o).to_owned()).collect::<Vec<_>>())
+        .build()
+}
+
+/// The filesystems every container gets, `/tmp` sized by `limits`.
+fn mounts(limits: &Limits) -> Result<Vec<Mount>, SpecError> {
+    let tmp = limits.tmp_options();
+    let tmp: Vec<&str> = tmp.iter().map(String::as_str).collect();
+    Ok(vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
         mount(
             "/dev",
             "tmpfs",
             "tmpfs",
             &["nosuid", "strictatime", "mode=755", "size=65536k"],
-        ),
+        )?,
         mount(
             "/dev/pts",
             "devpts",
@@ -105,184 +211,155 @@ pub fn container(spec: &ContainerSpec<'_>) -> Value {
                 "mode=0620",
                 "gid=5",
             ],
-        ),
+        )?,
         mount(
             "/dev/shm",
             "tmpfs",
             "shm",
             &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
-        ),
+        )?,
         mount(
             "/dev/mqueue",
             "mqueue",
             "mqueue",
             &["nosuid", "noexec", "nodev"],
-        ),
+        )?,
         mount(
             "/sys",
             "sysfs",
             "sysfs",
             &["nosuid", "noexec", "nodev", "ro"],
-        ),
+        )?,
         mount(
             "/sys/fs/cgroup",
             "cgroup",
             "cgroup",
             &["nosuid", "noexec", "nodev", "relatime", "ro"],
-        ),
+        )?,
         mount(
             "/run",
             "tmpfs",
             "tmpfs",
             &["nosuid", "strictatime", "mode=755", "size=65536k"],
-        ),
-        mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"]),
-        json!({
-            "destination": spec.workspace_mount,
-            "type": "bind",
-            "source": spec.workspace.display().to_string(),
-            "options": ["rbind", "rw"]
-        }),
-    ];
-    let mut namespaces = vec![
-        json!({"type": "pid"}),
-        json!({"type": "ipc"}),
-        json!({"type": "uts"}),
-        json!({"type": "mount"}),
-    ];
+        )?,
+        mount("/tmp", "tmpfs", "tmpfs", &tmp)?,
+    ])
+}
+
+fn namespace(kind: LinuxNamespaceType) -> Result<LinuxNamespace, SpecError> {
+    LinuxNamespaceBuilder::default().typ(kind).build()
+}
+
+/// The namespaces of a container (the cgroup one included) and the mounts its network choice
+/// brings: the host's network comes with the host's resolv.conf and hosts; a private one is
+/// new and empty, or the namespace the caller made and wired, with its resolv.conf.
+fn network(
+    spec: &ContainerSpec<'_>,
+    namespaces: &mut Vec<LinuxNamespace>,
+    mounts: &mut Vec<Mount>,
+) -> Result<(), SpecError> {
     if spec.host_network {
         for file in ["/etc/resolv.conf", "/etc/hosts"] {
-            mounts.push(json!({
-                "destination": file, "type": "bind", "source": file, "options": ["rbind", "ro"]
-            }));
+            mounts.push(mount(file, "bind", file, &["rbind", "ro"])?);
         }
-    } else {
-        match spec.netns {
-            Some(path) => {
-                namespaces.push(json!({"type": "network", "path": path.display().to_string()}))
-            }
-            None => namespaces.push(json!({"type": "network"})),
-        }
-        if let Some(resolv_conf) = spec.resolv_conf {
-            mounts.push(json!({
-                "destination": "/etc/resolv.conf",
-                "type": "bind",
-                "source": resolv_conf.display().to_string(),
-                "options": ["rbind", "ro"]
-            }));
-        }
+        return Ok(());
     }
-    json!({
-        "ociVersion": "1.0.2",
-        "process": process(&spec.process),
-        "root": { "path": "rootfs", "readonly": false },
-        "hostname": spec.hostname,
-        "mounts": mounts,
-        "linux": {
-            "namespaces": namespaces,
-            "cgroupsPath": spec.cgroups_path,
-            "resources": { "devices": [{ "allow": false, "access": "rwm" }] },
-            "maskedPaths": MASKED_PATHS,
-            "readonlyPaths": READONLY_PATHS
-        }
-    })
+    match spec.netns {
+        Some(path) => namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Network)
+                .path(path)
+                .build()?,
+        ),
+        None => namespaces.push(namespace(LinuxNamespaceType::Network)?),
+    }
+    if let Some(resolv_conf) = spec.resolv_conf {
+        mounts.push(
+            MountBuilder::default()
+                .destination("/etc/resolv.conf")
+                .typ("bind")
+                .source(resolv_conf)
+                .options(vec!["rbind".to_owned(), "ro".to_owned()])
+                .build()?,
+        );
+    }
+    Ok(())
+}
+
+/// The cgroup resources of `limits`: memory (swap included, so no swap on top), CPU quota,
+/// pids, and no device.
+fn resources(limits: &Limits) -> Result<oci_spec::runtime::LinuxResources, SpecError> {
+    let memory = i64::try_from(limits.memory).unwrap_or(i64::MAX);
+    LinuxResourcesBuilder::default()
+        .devices(vec![LinuxDeviceCgroupBuilder::default()
+            .allow(false)
+            .access("rwm")
+            .build()?])
+        .memory(
+            LinuxMemoryBuilder::default()
+                .limit(memory)
+                .swap(memory)
+                .build()?,
+        )
+        .cpu(
+            LinuxCpuBuilder::default()
+                .quota(limits.cpu_quota_us())
+                .period(CPU_PERIOD_US)
+                .build()?,
+        )
+        .pids(
+            LinuxPidsBuilder::default()
+                .limit(i64::from(limits.pids))
+                .build()?,
+        )
+        .build()
+}
+
+/// The full runtime spec of a container. `root.path` is `rootfs`, writable.
+pub fn container(spec: &ContainerSpec<'_>) -> Result<Spec, SpecError> {
+    let mut mounts = mounts(&spec.limits)?;
+    mounts.push(
+        MountBuilder::default()
+            .destination(spec.workspace_mount)
+            .typ("bind")
+            .source(spec.workspace)
+            .options(vec!["rbind".to_owned(), "rw".to_owned()])
+            .build()?,
+    );
+    let mut namespaces = [
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Cgroup,
+    ]
+    .into_iter()
+    .map(namespace)
+    .collect::<Result<Vec<_>, _>>()?;
+    network(spec, &mut namespaces, &mut mounts)?;
+    let to_strings = |paths: &[&str]| paths.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>();
+    let linux = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .cgroups_path(spec.cgroups_path)
+        .resources(resources(&spec.limits)?)
+        .seccomp(crate::seccomp::default_profile())
+        .masked_paths(to_strings(MASKED_PATHS))
+        .readonly_paths(to_strings(READONLY_PATHS))
+        .build()?;
+    SpecBuilder::default()
+        .version("1.0.2")
+        .process(process(&spec.process)?)
+        .root(
+            RootBuilder::default()
+                .path("rootfs")
+                .readonly(false)
+                .build()?,
+        )
+        .hostname(spec.hostname)
+        .mounts(mounts)
+        .linux(linux)
+        .build()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample(host_network: bool) -> Value {
-        container(&ContainerSpec {
-            host_network,
-            ..sample_spec()
-        })
-    }
-
-    fn sample_spec() -> ContainerSpec<'static> {
-        ContainerSpec {
-            hostname: "demo",
-            process: ProcessSpec {
-                args: vec![
-                    "/usr/bin/tini".into(),
-                    "--".into(),
-                    "sleep".into(),
-                    "infinity".into(),
-                ],
-                env: vec!["PATH=/usr/bin:/bin".into()],
-                cwd: "/workspace".into(),
-                uid: 1000,
-                gid: 1000,
-            },
-            workspace: Path::new("/var/lib/narya/workspaces/demo"),
-            workspace_mount: "/workspace",
-            host_network: true,
-            netns: None,
-            resolv_conf: None,
-            cgroups_path: "/narya/demo",
-        }
-    }
-
-    #[test]
-    fn processes_are_unprivileged() {
-        let spec = sample(true);
-        let p = &spec["process"];
-        assert_eq!(p["user"]["uid"], 1000);
-        assert_eq!(p["user"]["gid"], 1000);
-        assert_eq!(p["noNewPrivileges"], true);
-        for set in [
-            "bounding",
-            "effective",
-            "inheritable",
-            "permitted",
-            "ambient",
-        ] {
-            assert_eq!(p["capabilities"][set], json!([]), "{set}");
-        }
-        assert_eq!(spec["root"], json!({"path": "rootfs", "readonly": false}));
-    }
-
-    #[test]
-    fn workspace_is_bound_read_write_and_network_follows_the_setting() {
-        let spec = sample(true);
-        let mounts = spec["mounts"].as_array().unwrap();
-        let ws = mounts
-            .iter()
-            .find(|m| m["destination"] == "/workspace")
-            .unwrap();
-        assert_eq!(ws["source"], "/var/lib/narya/workspaces/demo");
-        assert_eq!(ws["options"], json!(["rbind", "rw"]));
-        let has_netns = |s: &Value| {
-            s["linux"]["namespaces"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|n| n["type"] == "network")
-        };
-        assert!(!has_netns(&spec));
-        assert!(has_netns(&sample(false)));
-        let joined = container(&ContainerSpec {
-            netns: Some(Path::new("/run/narya/netns/demo")),
-            resolv_conf: Some(Path::new("/run/narya/resolv.conf")),
-            host_network: false,
-            ..sample_spec()
-        });
-        let netns = joined["linux"]["namespaces"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["type"] == "network")
-            .unwrap();
-        assert_eq!(netns["path"], "/run/narya/netns/demo");
-        assert!(joined["mounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|m| m["destination"] == "/etc/resolv.conf"
-                && m["source"] == "/run/narya/resolv.conf"));
-        assert!(spec["linux"]["maskedPaths"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("/proc/kcore")));
-    }
-}
+mod tests;

@@ -106,6 +106,14 @@ fn is_zombie(pid: u32) -> bool {
         .unwrap_or(true)
 }
 
+/// This process's hard limit of open files (`RLIMIT_NOFILE`): what a runtime started like it
+/// can give its containers at most. `None` when it cannot be read.
+pub fn hard_nofile() -> Option<u64> {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .ok()
+        .map(|(_, hard)| hard)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

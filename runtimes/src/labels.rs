@@ -191,6 +191,7 @@ mod tests {
                 gid: 1001,
             },
             network: Network::None,
+            limits: crate::Limits::default(),
             labels: BTreeMap::from([
                 ("team".to_owned(), "blue".to_owned()),
                 (LABEL_ENVIRONMENT.to_owned(), "forged".to_owned()),
@@ -249,6 +250,7 @@ mod tests {
             network: Network::Host,
             environment: "env-1".to_owned(),
             organisation: "acme".to_owned(),
+            limits: crate::Limits::default(),
             process: process(None),
         };
         let labels = throwaway_labels(&throwaway);

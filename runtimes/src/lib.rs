@@ -26,6 +26,7 @@ mod pinning;
 mod watch;
 
 pub use labels::{LABEL_DIGEST, LABEL_ENVIRONMENT, LABEL_ORGANISATION, LABEL_THROWAWAY};
+pub use narya_oci::spec::{Limits, OOM_SCORE_ADJ};
 
 /// The underlying failure a [`RuntimeError`] carries as its source.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -200,6 +201,8 @@ pub struct MachineSpec {
     pub mount_point: String,
     pub user: User,
     pub network: Network,
+    /// What bounds the machine and everything run in it.
+    pub limits: Limits,
     /// Labels added to Narya's own ([`LABEL_ENVIRONMENT`], [`LABEL_ORGANISATION`],
     /// [`LABEL_DIGEST`]), which win over these.
     pub labels: BTreeMap<String, String>,
@@ -238,6 +241,8 @@ pub struct ThrowawaySpec {
     /// one left behind by a daemon that died can be found and removed.
     pub environment: String,
     pub organisation: String,
+    /// The same bounds as the environment's machine.
+    pub limits: Limits,
     /// The process. Secrets go on its `stdin`, which no runtime records, never in its `env`
     /// or `argv`, which the runtime's records (spec, `inspect`) keep.
     pub process: ProcessSpec,

@@ -48,7 +48,7 @@ fn registry_reference() -> Option<ImageReference> {
 
 /// The suite against this back end with the image from `reference`; skipped (outside CI) when
 /// the variables name no such image.
-async fn run_suite(reference: Option<ImageReference>, namespace: &str) {
+async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &str) {
     let Some(reference) = reference else {
         return;
     };
@@ -63,9 +63,9 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str) {
         scratch.path(),
         Some(isolated.config.clone()),
     );
-    if support::answering(&runtime, &socket).await.is_none() {
+    let Some(version) = support::answering(&runtime, &socket).await else {
         return;
-    }
+    };
     let unreachable = containerd(
         &scratch.path().join("nobody.sock").display().to_string(),
         namespace,
@@ -75,10 +75,11 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str) {
     let fixture = support::fixture(
         reference,
         scratch.path(),
-        format!("conf-{namespace}"),
+        support::prefix(prefix),
         std::sync::Arc::new(unreachable),
         Network::Isolated,
         Some(isolated.outside.addr),
+        &version,
     );
     support::run_and_judge(&runtime, &fixture).await;
     let left = runtime
@@ -95,12 +96,12 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_an_oci_layout() {
-    run_suite(layout_reference(), "narya-conformance-layout").await;
+    run_suite(layout_reference(), "narya-conformance-layout", "cl").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_a_registry() {
-    run_suite(registry_reference(), "narya-conformance-registry").await;
+    run_suite(registry_reference(), "narya-conformance-registry", "cr").await;
 }
 
 /// Removes machine `id` of `namespace` with containerd's own CLI when dropped, also when the
@@ -187,6 +188,7 @@ async fn a_task_that_outlived_its_container_does_not_block_a_new_machine_of_its_
             gid: 1000,
         },
         network: Network::Host,
+        limits: support::test_limits(),
         labels: BTreeMap::new(),
     };
     runtime.create_machine(&spec).await.unwrap();
@@ -293,6 +295,7 @@ async fn two_hundred_isolated_creates_and_removes_leave_nothing_behind() {
                 gid: 1000,
             },
             network: Network::Isolated,
+            limits: support::test_limits(),
             labels: Default::default(),
         };
         let made = runtime.create_machine(&spec).await;

@@ -1,6 +1,6 @@
-//! The conformance suite against the real Docker engine, for both image sources: the official
-//! image as an OCI layout (loaded as a docker-archive) and the same image in a registry (pulled
-//! by digest).
+//! The conformance suite against the real Docker engine and Podman's Docker-compatible service,
+//! for both image sources: the official image as an OCI layout (loaded as a docker-archive) and
+//! the same image in a registry (pulled by digest).
 
 mod support;
 
@@ -13,16 +13,21 @@ use narya_runtimes::fetch::ImageFetcher;
 use narya_runtimes::network::NetworkConfig;
 use narya_runtimes::{Network, Runtime};
 
-/// The engine has one image store for both suites: they take turns, and each starts without the
-/// image so that its own source is the one that brings it.
-static ONE_SUITE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Each engine has one image store for both suites: they take turns, and each starts without
+/// the image so that its own source is the one that brings it.
+static ONE_DOCKER_SUITE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static ONE_PODMAN_SUITE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn docker(socket: &Path, network: Option<NetworkConfig>) -> Docker {
+const DOCKER: &str = "NARYA_TEST_DOCKER_SOCKET";
+const PODMAN: &str = "NARYA_TEST_PODMAN_SOCKET";
+
+fn docker(socket: &Path, network: Option<NetworkConfig>, scratch: &Path) -> Docker {
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
     Docker::new(DockerConfig {
         socket: socket.to_owned(),
         insecure_registries: vec![registry],
         network,
+        profile_dir: scratch.join("profiles"),
     })
     .expect("the Docker back end builds")
 }
@@ -138,13 +143,13 @@ fn push(layout: &Path, reference: &str) {
 
 /// Where this run's suites find their image: this run's copy of the official image, as a
 /// layout (`registry` false) or pushed to a repository of this run's in the test registry.
-fn private_reference(registry: bool, scratch: &Path) -> Option<ImageReference> {
+fn private_reference(registry: bool, scratch: &Path, prefix: &str) -> Option<ImageReference> {
     let layout = support::required("NARYA_TEST_IMAGE_LAYOUT")?;
     let copy = scratch.join("image");
     private_copy(Path::new(&layout), &copy);
     let reference = if registry {
         let host = support::required("NARYA_TEST_REGISTRY")?;
-        let reference = format!("{host}/narya-test/dconf-{}:test", std::process::id());
+        let reference = format!("{host}/narya-test/{prefix}-{}:test", std::process::id());
         push(&copy, &reference);
         reference
     } else {
@@ -155,22 +160,26 @@ fn private_reference(registry: bool, scratch: &Path) -> Option<ImageReference> {
 
 /// The suite against this back end with the image from `reference`; skipped (outside CI) when
 /// the variables name no such image.
-async fn run_suite(registry: bool, prefix: &str) {
+async fn run_suite(registry: bool, prefix: &str, engine: &str) {
     let scratch = tempfile::tempdir().unwrap();
-    let Some(reference) = private_reference(registry, scratch.path()) else {
+    let Some(reference) = private_reference(registry, scratch.path(), prefix) else {
         return;
     };
-    let Some(socket) = support::required("NARYA_TEST_DOCKER_SOCKET") else {
+    let Some(socket) = support::required(engine) else {
         return;
     };
     let socket = PathBuf::from(socket);
     let isolated = support::Isolated::new(scratch.path(), Some(&socket));
-    let runtime = docker(&socket, Some(isolated.config.clone()));
+    let runtime = docker(&socket, Some(isolated.config.clone()), scratch.path());
     let Some(version) = support::answering(&runtime, &socket.display().to_string()).await else {
         return;
     };
     eprintln!("docker: {version}");
-    let _turn = ONE_SUITE_AT_A_TIME.lock().await;
+    let _turn = if engine == PODMAN {
+        ONE_PODMAN_SUITE_AT_A_TIME.lock().await
+    } else {
+        ONE_DOCKER_SUITE_AT_A_TIME.lock().await
+    };
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
     let fetcher = ImageFetcher::new(vec![registry]).expect("an image fetcher");
     let digest = fetcher
@@ -178,14 +187,15 @@ async fn run_suite(registry: bool, prefix: &str) {
         .await
         .expect("the official image resolves");
     forget_image(&socket, &fetcher, &reference, &digest).await;
-    let unreachable = docker(&scratch.path().join("nobody.sock"), None);
+    let unreachable = docker(&scratch.path().join("nobody.sock"), None, scratch.path());
     let fixture = support::fixture(
         reference,
         scratch.path(),
-        prefix.to_owned(),
+        support::prefix(prefix),
         std::sync::Arc::new(unreachable),
         Network::Isolated,
         Some(isolated.outside.addr),
+        &version,
     );
     support::run_and_judge(&runtime, &fixture).await;
     forget_image(&socket, &fetcher, &fixture.image.reference, &digest).await;
@@ -194,10 +204,20 @@ async fn run_suite(registry: bool, prefix: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_an_oci_layout() {
-    run_suite(false, "dconf-layout").await;
+    run_suite(false, "dl", DOCKER).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_a_registry() {
-    run_suite(true, "dconf-registry").await;
+    run_suite(true, "dr", DOCKER).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn podman_conformance_with_the_image_from_an_oci_layout() {
+    run_suite(false, "pl", PODMAN).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn podman_conformance_with_the_image_from_a_registry() {
+    run_suite(true, "pr", PODMAN).await;
 }

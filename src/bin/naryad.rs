@@ -80,6 +80,10 @@ fn start(config_path: &Path, default: &str) -> Result<(Config, tokio::runtime::R
         eprintln!("naryad: {e}");
         ExitCode::from(2)
     })?;
+    if let Err(e) = config.check_host(narya_runtimes::host::hard_nofile()) {
+        eprintln!("naryad: configuration file {}: {e}", config_path.display());
+        return Err(ExitCode::from(2));
+    }
     start_logging(config.log.format, default);
     let runtime = tokio::runtime::Runtime::new().map_err(|e| {
         eprintln!("naryad: cannot start the async runtime: {e}");

@@ -117,6 +117,10 @@ fn local(config: &Config) -> Vec<Finding> {
             address_finding("listen.metrics", addr)
         });
     }
+    // What start-up refuses of the limits on this host, check-config refuses too.
+    if let Err(e) = config.check_host(narya_runtimes::host::hard_nofile()) {
+        findings.push(Finding::problem(e));
+    }
     if let Some(github) = &config.github {
         for (key, path) in [
             ("github.private_key", &github.private_key),

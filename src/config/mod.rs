@@ -1,5 +1,6 @@
 //! The daemon's TOML configuration: one strict serde struct with the contract's defaults.
 
+mod limits;
 mod sections;
 mod values;
 
@@ -9,10 +10,12 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use sections::{
-    Algorithm, Backend, EnvironmentConfig, GitHub, Identity, Image, Listen, Log, LogFormat,
-    NetworkSection, RuntimeConfig,
+    Algorithm, Backend, EnvironmentConfig, GitHub, Identity, Image, LimitsConfig, Listen, Log,
+    LogFormat, NetworkSection, RuntimeConfig,
 };
-pub use values::{is_plain_http_off_loopback, parse_duration, parse_user, HumanDuration};
+pub use values::{
+    is_plain_http_off_loopback, parse_bytes, parse_duration, parse_user, HumanDuration,
+};
 
 /// Where `naryad` looks when neither `--config` nor `NARYA_CONFIG` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/narya/naryad.toml";
@@ -53,6 +56,8 @@ pub struct Config {
     pub environment: EnvironmentConfig,
     #[serde(default)]
     pub network: NetworkSection,
+    #[serde(default)]
+    pub limits: LimitsConfig,
     pub github: Option<GitHub>,
     #[serde(default)]
     pub log: Log,
@@ -141,6 +146,14 @@ impl Config {
                 self.environment.workspace
             ));
         }
+        if self.environment.user.uid == 0 {
+            return Err(
+                "key `environment.user`: uid 0 is root; environments run as an unprivileged user, \
+                 e.g. \"1000:1000\""
+                    .to_owned(),
+            );
+        }
+        self.check_limits()?;
         if self.environment.output_limit == 0 {
             return Err("key `environment.output_limit` must be at least 1 byte".to_owned());
         }

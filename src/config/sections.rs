@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use narya_oci::ImageReference;
 use narya_runtimes::network::Subnet;
-use narya_runtimes::{Network, User};
+use narya_runtimes::{Limits, Network, User};
 use serde::Deserialize;
 
-use super::values::{from_str, network, user, HumanDuration};
+use super::values::{bytes, from_str, network, user, HumanDuration};
 use super::DEFAULT_SOCKET;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -161,6 +161,63 @@ impl Default for NetworkSection {
             cni_bin_dir: default_cni_bin_dir(),
         }
     }
+}
+
+/// `[limits]`: what bounds each environment (machine, setup, exec and clone share them).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    #[serde(default = "default_memory", deserialize_with = "bytes")]
+    pub memory: u64,
+    #[serde(default = "default_cpus")]
+    pub cpus: f64,
+    #[serde(default = "default_pids")]
+    pub pids: u32,
+    #[serde(default = "default_tmp", deserialize_with = "bytes")]
+    pub tmp: u64,
+    #[serde(default = "default_nofile")]
+    pub nofile: u64,
+}
+
+impl LimitsConfig {
+    /// The limits as the runtimes take them.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            memory: self.memory,
+            cpus: self.cpus,
+            pids: self.pids,
+            tmp: self.tmp,
+            nofile: self.nofile,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            memory: default_memory(),
+            cpus: default_cpus(),
+            pids: default_pids(),
+            tmp: default_tmp(),
+            nofile: default_nofile(),
+        }
+    }
+}
+
+fn default_memory() -> u64 {
+    Limits::default().memory
+}
+fn default_cpus() -> f64 {
+    Limits::default().cpus
+}
+fn default_pids() -> u32 {
+    Limits::default().pids
+}
+fn default_tmp() -> u64 {
+    Limits::default().tmp
+}
+fn default_nofile() -> u64 {
+    Limits::default().nofile
 }
 
 #[derive(Clone, Debug, Deserialize)]

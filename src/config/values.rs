@@ -1,4 +1,5 @@
-//! Values written as TOML strings: durations, `uid:gid` users, networks, parsed references.
+//! Values written as TOML strings: durations, sizes, `uid:gid` users, networks, parsed
+//! references.
 
 use std::fmt;
 use std::str::FromStr;
@@ -92,4 +93,37 @@ pub(super) fn network<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Netw
             "invalid network {other:?}; expected \"isolated\", \"none\" or \"host\""
         ))),
     }
+}
+
+/// Parses a size: `"4GiB"`, `"512MiB"`, `"64KiB"`, `"1TiB"`, `"1000B"` (binary units only, so
+/// that `"4GB"` cannot silently mean either).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let err = || {
+        format!(
+            "invalid size {text:?}; write a whole number with a unit of B, KiB, MiB, GiB or TiB, \
+             e.g. \"4GiB\""
+        )
+    };
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(err)?;
+    let (number, unit) = trimmed.split_at(split);
+    let number: u64 = number.parse().map_err(|_| err())?;
+    let shift = match unit.trim() {
+        "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        _ => return Err(err()),
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("size {text:?} is too large"))
+}
+
+pub(super) fn bytes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_bytes(&text).map_err(serde::de::Error::custom)
 }

@@ -96,6 +96,7 @@ impl Environments {
             network: Network::Host,
             environment: id.as_str().to_owned(),
             organisation: organisation.to_owned(),
+            limits: self.config.limits.limits(),
             process: ProcessSpec {
                 argv: github::clone_argv(
                     github.git_url(),

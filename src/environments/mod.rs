@@ -171,6 +171,7 @@ impl Environments {
             mount_point: self.config.environment.workspace.clone(),
             user: self.config.environment.user,
             network: self.config.environment.network,
+            limits: self.config.limits.limits(),
             labels: BTreeMap::new(),
         }
     }

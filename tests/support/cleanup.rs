@@ -60,10 +60,12 @@ impl Drop for Cleanup {
                         Ok(c) => Arc::new(c),
                         Err(_) => return,
                     },
-                    Backend::Docker => match Docker::new(DockerConfig {
+                    Backend::Docker | Backend::Podman => match Docker::new(DockerConfig {
                         socket,
                         insecure_registries: Vec::new(),
                         network: None,
+                        // Only removals are made here: nothing is written to it.
+                        profile_dir: std::env::temp_dir().join("narya-test-profiles"),
                     }) {
                         Ok(d) => Arc::new(d),
                         Err(_) => return,

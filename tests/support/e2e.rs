@@ -32,6 +32,8 @@ pub const LABEL_THROWAWAY: &str = "dev.narya.throwaway";
 pub enum Backend {
     Containerd,
     Docker,
+    /// The Docker back end against Podman's Docker-compatible service.
+    Podman,
 }
 
 impl Backend {
@@ -39,28 +41,9 @@ impl Backend {
         match self {
             Backend::Containerd => "NARYA_TEST_CONTAINERD_SOCKET",
             Backend::Docker => "NARYA_TEST_DOCKER_SOCKET",
+            Backend::Podman => "NARYA_TEST_PODMAN_SOCKET",
         }
     }
-}
-
-/// Generates, for an `async fn name(backend: Backend)`, one test per back end.
-#[macro_export]
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::support::e2e::Backend;
-
-            #[tokio::test(flavor = "multi_thread")]
-            async fn containerd() {
-                super::$name(Backend::Containerd).await
-            }
-
-            #[tokio::test(flavor = "multi_thread")]
-            async fn docker() {
-                super::$name(Backend::Docker).await
-            }
-        }
-    )*};
 }
 
 /// What the end-to-end tests need from the environment on containerd, or `None` to skip
@@ -153,7 +136,7 @@ impl Host {
             Backend::Containerd => format!(
                 "[runtime]\ncontainerd_socket = {daemon_socket:?}\ncontainerd_namespace = {NAMESPACE:?}\n"
             ),
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 format!("[runtime]\nbackend = \"docker\"\ndocker_socket = {daemon_socket:?}\n")
             }
         };
@@ -182,11 +165,12 @@ impl Host {
                 })
                 .unwrap(),
             ),
-            Backend::Docker => Arc::new(
+            Backend::Docker | Backend::Podman => Arc::new(
                 Docker::new(DockerConfig {
                     socket: PathBuf::from(socket),
                     insecure_registries: Vec::new(),
                     network: None,
+                    profile_dir: daemon.dir.path().join("test-profiles"),
                 })
                 .unwrap(),
             ),
@@ -261,7 +245,7 @@ impl Host {
                     .await
                     .unwrap_or_else(|e| panic!("{e}"))
             }
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 let filter = format!("label={LABEL_ENVIRONMENT}={id}");
                 self.cli(&["ps", "-a", "--filter", &filter, "--format", "{{.Names}}"])
                     .await
@@ -274,7 +258,7 @@ impl Host {
                     .await
                     .unwrap_or_else(|e| panic!("{e}")),
             ),
-            Backend::Docker => None,
+            Backend::Docker | Backend::Podman => None,
         };
         let mut found = Vec::new();
         for name in names.split_whitespace() {
@@ -293,7 +277,7 @@ impl Host {
                     });
                     (info["Labels"].clone(), is_running)
                 }
-                Backend::Docker => {
+                Backend::Docker | Backend::Podman => {
                     let Ok(info) = self.cli(&["inspect", name]).await else {
                         continue;
                     };
@@ -326,7 +310,7 @@ impl Host {
                 ctr.args(["--address", &self.socket, "--namespace", NAMESPACE]);
                 ctr
             }
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 let mut docker = tokio::process::Command::new("docker");
                 docker.args(["-H", &format!("unix://{}", self.socket)]);
                 docker
@@ -357,7 +341,7 @@ impl Host {
                     .args(["tasks", "exec", "--exec-id", &exec_id, &name]);
                 ctr
             }
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 let mut docker = tokio::process::Command::new("docker");
                 docker
                     .args(["-H", &format!("unix://{}", self.socket)])
@@ -397,7 +381,7 @@ impl Host {
                 self.cli(&["tasks", "kill", "--signal", "SIGKILL", "--all", &name])
                     .await
             }
-            Backend::Docker => self.cli(&["kill", &name]).await,
+            Backend::Docker | Backend::Podman => self.cli(&["kill", &name]).await,
         };
         killed.unwrap_or_else(|e| panic!("{e}"));
     }
@@ -463,7 +447,7 @@ impl Drop for Removal {
                     }
                 }
             }
-            Backend::Docker => {
+            Backend::Docker | Backend::Podman => {
                 let host = format!("unix://{}", self.socket);
                 let filter = format!("label={LABEL_ENVIRONMENT}={}", self.id);
                 let names = run("docker", &["-H", &host, "ps", "-aq", "--filter", &filter]);

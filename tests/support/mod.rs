@@ -3,6 +3,7 @@
 
 pub mod cleanup;
 pub mod e2e;
+mod engines;
 pub mod github;
 pub mod github_git;
 pub mod github_oauth;
@@ -102,6 +103,12 @@ pub fn merged_toml(base: &str, extra: &str) -> String {
     toml::to_string(&config).expect("TOML writes")
 }
 
+/// Limits every test daemon runs with: `nofile` within this host's hard limit (20000 on CI's
+/// machines; the contract's default of 65536 is refused there), the rest small enough that a
+/// test going past them does not strain a shared host.
+pub const LIMITS: &str =
+    "\n[limits]\nmemory = \"1GiB\"\ncpus = 1.0\npids = 1024\ntmp = \"64MiB\"\nnofile = 1024\n";
+
 impl Daemon {
     /// Starts `naryad` with an `[identity]` section (and anything else) given as TOML.
     pub fn start(identity_toml: &str) -> Daemon {
@@ -116,7 +123,7 @@ impl Daemon {
         let state_dir = dir.path().join("state");
         let network = network::TestNetwork::new(&state_dir);
         let base = format!(
-            "state_dir = {state:?}\n\n[listen]\nsocket = {socket:?}\ntcp = {tcp:?}\n{net}",
+            "state_dir = {state:?}\n\n[listen]\nsocket = {socket:?}\ntcp = {tcp:?}\n{net}{LIMITS}",
             state = state_dir.display().to_string(),
             socket = socket.display().to_string(),
             net = network.toml(),

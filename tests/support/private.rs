@@ -252,7 +252,9 @@ impl PrivateRuntime {
             super::e2e::Backend::Containerd => {
                 PrivateRuntime::Containerd(PrivateContainerd::start())
             }
-            super::e2e::Backend::Docker => PrivateRuntime::Docker(PrivateDockerd::start()),
+            super::e2e::Backend::Docker | super::e2e::Backend::Podman => {
+                PrivateRuntime::Docker(PrivateDockerd::start())
+            }
         }
     }
 

@@ -45,6 +45,7 @@ impl Daemon {
         let socket = dir.path().join("narya.sock");
         // Deleted environments are forgotten at once, not after a day: the run deletes hundreds
         // before it lists the environments it keeps, and the list is measured at its size.
+        // `nofile` stays within any CI host's hard limit (the default 65536 is refused above it).
         let config = format!(
             "state_dir = {state}\n\n\
              [listen]\nsocket = {socket}\n\n\
@@ -53,7 +54,8 @@ impl Daemon {
              [runtime]\nbackend = {backend}\ncontainerd_socket = {containerd}\n\
              containerd_namespace = {namespace}\ndocker_socket = {docker}\n\n\
              [image]\nreference = {image}\n\n\
-             [environment]\ngone_retention = \"1s\"\nnetwork = \"host\"\n",
+             [environment]\ngone_retention = \"1s\"\nnetwork = \"host\"\n\n\
+              [limits]\nnofile = 1024\n",
             state = quote(&state.display().to_string()),
             socket = quote(&socket.display().to_string()),
             jwks = quote(&format!("file://{}", setup.jwks.display())),

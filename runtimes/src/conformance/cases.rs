@@ -27,8 +27,10 @@ macro_rules! case {
     };
 }
 
+mod isolation;
+
 pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
-    vec![
+    let mut cases = vec![
         case!("image", image_pinned_by_digest_is_idempotent),
         case!("image", unknown_digest_fails_as_an_image_error),
         case!("machine", machine_runs_unprivileged),
@@ -58,7 +60,9 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("network", outbound_reaches_the_outside),
         case!("network", ipv6_is_off),
         case!("network", resolv_conf_names_the_resolvers),
-    ]
+    ];
+    cases.extend(isolation::all());
+    cases
 }
 
 /// Kills the machine's main process (`sleep infinity` under tini) from inside, as the OOM killer
@@ -118,6 +122,7 @@ impl Context<'_> {
             mount_point: self.fixture.mount_point.clone(),
             user: self.fixture.user,
             network: self.fixture.network,
+            limits: self.fixture.limits,
             labels: BTreeMap::new(),
         };
         self.runtime.create_machine(&spec).await?;
@@ -163,7 +168,7 @@ impl Context<'_> {
     }
 
     async fn wait_for_state(&self, id: &str, want: MachineState) -> Result<(), Outcome> {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let state = self.runtime.inspect(id).await?;
             if state == want {
@@ -279,6 +284,7 @@ async fn create_on_an_existing_id_is_already_exists(c: &Context<'_>) -> Result<(
         mount_point: c.fixture.mount_point.clone(),
         user: c.fixture.user,
         network: c.fixture.network,
+        limits: c.fixture.limits,
         labels: BTreeMap::new(),
     };
     match c.runtime.create_machine(&spec).await {
@@ -761,6 +767,7 @@ async fn throwaway_sees_the_workspace_and_leaves_nothing(c: &Context<'_>) -> Res
             network: c.fixture.network,
             environment: name.clone(),
             organisation: "conformance".to_owned(),
+            limits: c.fixture.limits,
             process: ProcessSpec {
                 argv: vec![
                     "/bin/sh".into(),
@@ -838,6 +845,7 @@ async fn throwaway_time_out_is_reported_and_cleaned_up(c: &Context<'_>) -> Resul
             network: c.fixture.network,
             environment: name.clone(),
             organisation: "conformance".to_owned(),
+            limits: c.fixture.limits,
             process: ProcessSpec {
                 argv: vec![
                     "/bin/sh".into(),

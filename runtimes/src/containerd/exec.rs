@@ -13,7 +13,7 @@ use narya_oci::spec;
 use tokio::time::Instant;
 
 use super::client::classify;
-use super::machine::{machine_state, spec_any};
+use super::machine::{machine_state, spec_any, Placement};
 use super::{unique, Containerd};
 use crate::labels;
 use crate::output::{InputFifo, OutputFifo};
@@ -113,6 +113,7 @@ impl Containerd {
                 .unwrap_or_else(|| spec_in.mount_point.clone()),
             uid: spec_in.user.uid,
             gid: spec_in.user.gid,
+            nofile: spec_in.limits.nofile,
         };
         let labels = labels::throwaway_labels(spec_in);
         let mounts = self
@@ -120,9 +121,12 @@ impl Containerd {
                 &id,
                 &image,
                 process,
-                &spec_in.workspace,
-                &spec_in.mount_point,
-                spec_in.network,
+                Placement {
+                    workspace: &spec_in.workspace,
+                    mount_point: &spec_in.mount_point,
+                    network: spec_in.network,
+                    limits: spec_in.limits,
+                },
                 labels,
             )
             .await?;
@@ -153,26 +157,38 @@ impl Containerd {
         spec_in: &ProcessSpec,
     ) -> Result<ProcessOutcome> {
         let run_as = labels::run_as(id, &container.labels, spec_in)?;
-        let machine_spec: serde_json::Value = container
+        // The exec is the machine's own process (user, no capabilities, rlimits,
+        // oom_score_adj) running something else.
+        let machine: spec::Spec = container
             .spec
             .as_ref()
             .and_then(|s| serde_json::from_slice(&s.value).ok())
-            .unwrap_or_default();
-        let base_env: Vec<String> = machine_spec["process"]["env"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let process = spec::process(&spec::ProcessSpec {
-            args: spec_in.argv.clone(),
-            env: merged_env(&base_env, &spec_in.env),
-            cwd: run_as.cwd,
-            uid: run_as.user.uid,
-            gid: run_as.user.gid,
+            .ok_or_else(|| {
+                RuntimeError::plain(
+                    ErrorKind::Other,
+                    format!("containerd: the runtime spec of machine {id} is unreadable"),
+                )
+            })?;
+        let Some(mut base) = machine.process().clone() else {
+            return Err(RuntimeError::plain(
+                ErrorKind::Other,
+                format!("containerd: the runtime spec of machine {id} has no process"),
+            ));
+        };
+        let base_env = base.env().clone().unwrap_or_default();
+        // Who runs it is what the labels say (the same as the machine's, for Narya machines).
+        base.set_user({
+            let mut user = base.user().clone();
+            user.set_uid(run_as.user.uid);
+            user.set_gid(run_as.user.gid);
+            user
         });
+        let process = spec::exec_process(
+            &base,
+            spec_in.argv.clone(),
+            merged_env(&base_env, &spec_in.env),
+            &run_as.cwd,
+        );
         let exec_id = unique("exec");
         let mut stdio = self.stdio(&exec_id, spec_in)?;
         let (stdin, stdout) = stdio.paths();

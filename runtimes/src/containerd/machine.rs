@@ -20,18 +20,28 @@ use super::client::{classify, is_not_found};
 use super::image::LocalImage;
 use super::Containerd;
 use crate::labels::{self, LABEL_ENVIRONMENT};
-use crate::{ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError};
+use crate::{
+    ErrorKind, Limits, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError,
+};
 
 /// The shim every machine and throwaway runs under.
 const RUNC: &str = "io.containerd.runc.v2";
 
 /// A runtime or process spec as containerd takes it: JSON inside an `Any` of `type_url`.
-pub(super) fn spec_any(value: &serde_json::Value, type_url: &str) -> Result<prost_types::Any> {
+pub(super) fn spec_any(value: &impl serde::Serialize, type_url: &str) -> Result<prost_types::Any> {
     Ok(prost_types::Any {
         type_url: type_url.to_owned(),
         value: serde_json::to_vec(value)
             .map_err(|e| RuntimeError::caused(ErrorKind::Other, "encoding a runtime spec", e))?,
     })
+}
+
+/// Where a container sits: its workspace, its network, its bounds.
+pub(super) struct Placement<'a> {
+    pub workspace: &'a Path,
+    pub mount_point: &'a str,
+    pub network: Network,
+    pub limits: Limits,
 }
 
 /// What a task's status says of its machine: only a running task serves; no task, a stopped one
@@ -63,15 +73,19 @@ impl Containerd {
             cwd: spec_in.mount_point.clone(),
             uid: spec_in.user.uid,
             gid: spec_in.user.gid,
+            nofile: spec_in.limits.nofile,
         };
         let mounts = self
             .make_container(
                 &spec_in.id,
                 &image,
                 process,
-                &spec_in.workspace,
-                &spec_in.mount_point,
-                spec_in.network,
+                Placement {
+                    workspace: &spec_in.workspace,
+                    mount_point: &spec_in.mount_point,
+                    network: spec_in.network,
+                    limits: spec_in.limits,
+                },
                 labels,
             )
             .await?;
@@ -351,19 +365,16 @@ impl Containerd {
 
     /// Makes a container (record, snapshot) for `process` on `image`; nothing is left behind
     /// when a step fails.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn make_container(
         &self,
         id: &str,
         image: &LocalImage,
         process: spec::ProcessSpec,
-        workspace: &Path,
-        mount_point: &str,
-        network: Network,
+        placement: Placement<'_>,
         labels: HashMap<String, String>,
     ) -> Result<Vec<Mount>> {
         let cgroups_path = format!("/{}/{id}", self.namespace);
-        let netns = self.network_for(id, network).await?;
+        let netns = self.network_for(id, placement.network).await?;
         let resolv_conf = self
             .isolation
             .as_deref()
@@ -372,13 +383,17 @@ impl Containerd {
         let runtime_spec = spec::container(&spec::ContainerSpec {
             hostname: id,
             process,
-            workspace,
-            workspace_mount: mount_point,
-            host_network: network == Network::Host,
+            workspace: placement.workspace,
+            workspace_mount: placement.mount_point,
+            host_network: placement.network == Network::Host,
             netns: netns.as_deref(),
             resolv_conf: resolv_conf.as_deref(),
             cgroups_path: &cgroups_path,
-        });
+            limits: placement.limits,
+        })
+        .map_err(|e| {
+            RuntimeError::caused(ErrorKind::Other, format!("writing the spec of {id}"), e)
+        })?;
         let container = Container {
             id: id.to_owned(),
             labels,

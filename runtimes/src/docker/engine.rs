@@ -24,6 +24,8 @@ pub(super) struct Engine {
     /// Set once the engine answered and its version was acceptable, so a daemon started before
     /// the engine (or pointed at a dead socket) keeps trying instead of failing for good.
     client: OnceLock<Client>,
+    /// Whether the engine is Podman's Docker-compatible service, known with the client.
+    podman: OnceLock<bool>,
 }
 
 impl Engine {
@@ -31,6 +33,7 @@ impl Engine {
         Engine {
             socket: socket.to_owned(),
             client: OnceLock::new(),
+            podman: OnceLock::new(),
         }
     }
 
@@ -45,6 +48,12 @@ impl Engine {
                 "docker: the engine client was not kept after its check",
             )
         })
+    }
+
+    /// Whether the engine is Podman (which reads some options differently).
+    pub(super) async fn is_podman(&self) -> Result<bool> {
+        self.client().await?;
+        Ok(self.podman.get().copied().unwrap_or(false))
     }
 
     /// Asks the engine for its version and refuses engines below API 1.41.
@@ -88,9 +97,16 @@ impl Engine {
             ),
             ));
         }
+        let podman = version
+            .components
+            .iter()
+            .flatten()
+            .any(|c| c.name.contains("Podman"));
+        let _ = self.podman.set(podman);
         let _ = self.client.set(client);
+        let engine = if podman { "Podman" } else { "Docker Engine" };
         Ok(format!(
-            "Docker Engine {} (API {api})",
+            "{engine} {} (API {api})",
             version.version.unwrap_or_default()
         ))
     }
@@ -131,6 +147,18 @@ pub(super) fn classify(what: &str, error: EngineError) -> RuntimeError {
         EngineError::DockerResponseServerError {
             status_code: 409, ..
         } => ErrorKind::AlreadyExists,
+        // Podman answers a name in use with 500 and these words, where Docker answers 409.
+        EngineError::DockerResponseServerError {
+            status_code: 500,
+            message,
+        } if message.contains("is already in use") => ErrorKind::AlreadyExists,
+        // … and an image it does not have with 500 where Docker answers 404.
+        EngineError::DockerResponseServerError {
+            status_code: 500,
+            message,
+        } if message.contains("image not known") || message.contains("no such image") => {
+            ErrorKind::NotFound
+        }
         // The engine itself saying it cannot serve now (e.g. shutting down).
         EngineError::DockerResponseServerError {
             status_code: 503, ..

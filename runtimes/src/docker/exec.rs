@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::engine::{classify, found, wait_outcome};
-use super::machine::{host_config, Machine};
+use super::machine::Machine;
 use super::process::{Feeding, OutputPump};
 use super::Docker;
 use crate::labels;
@@ -46,7 +46,14 @@ impl Docker {
         let image = self.require_image(&spec.image.digest).await?;
         let process = &spec.process;
         let has_stdin = process.stdin.is_some();
-        let mut host = host_config(&spec.workspace, &spec.mount_point, spec.network)?;
+        let mut host = self
+            .host_config(
+                &spec.workspace,
+                &spec.mount_point,
+                spec.network,
+                &spec.limits,
+            )
+            .await?;
         self.join_network(client, &mut host, spec.network).await?;
         // Its output is read through the attachment; none of it goes to the engine's logs.
         host.log_config = Some(HostConfigLogConfig {

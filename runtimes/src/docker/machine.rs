@@ -6,15 +6,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use bollard::models::{
-    ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig, Mount,
-    MountTypeEnum, RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig,
+    HostConfigCgroupnsModeEnum, Mount, MountTypeEnum, ResourcesUlimits, RestartPolicy,
+    RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
     StartContainerOptions,
 };
 use bollard::Docker as Client;
+use narya_oci::spec::CPU_PERIOD_US;
 use narya_oci::Digest;
+use nix::sys::resource::{getrlimit, Resource};
 use tokio::time::Instant;
 
 use super::engine::{classify, found};
@@ -22,9 +25,12 @@ use super::image::local_tag;
 use super::Docker;
 use crate::labels::{self, LABEL_ENVIRONMENT};
 use crate::{
-    Change, ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError,
-    ThrowawaySpec,
+    Change, ErrorKind, Limits, MachineInfo, MachineSpec, MachineState, Network, Result,
+    RuntimeError, ThrowawaySpec, OOM_SCORE_ADJ,
 };
+
+/// How long a container state the Docker API cannot express is waited out.
+const STATE_SETTLE: Duration = Duration::from_secs(10);
 
 /// How long a removal already under way in the engine is waited for.
 const REMOVAL_WAIT: Duration = Duration::from_secs(30);
@@ -49,11 +55,14 @@ fn network_mode(network: Network) -> String {
 }
 
 /// What machines and throwaways share: the workspace bind mount read-write, no new privileges,
-/// no capabilities, the network asked for, and no init of Docker's (ours is tini, in the image).
-pub(super) fn host_config(
+/// no capabilities, the seccomp filter, a private cgroup namespace, the network asked for, the
+/// limits, and no init of Docker's (ours is tini, in the image).
+fn host_config(
     workspace: &Path,
     mount_point: &str,
     network: Network,
+    limits: &Limits,
+    seccomp: &str,
 ) -> Result<HostConfig> {
     let source = workspace.to_str().ok_or_else(|| {
         RuntimeError::plain(
@@ -71,12 +80,68 @@ pub(super) fn host_config(
             read_only: Some(false),
             ..Default::default()
         }]),
-        security_opt: Some(vec!["no-new-privileges".to_owned()]),
+        security_opt: Some(vec![
+            "no-new-privileges".to_owned(),
+            format!("seccomp={seccomp}"),
+        ]),
         cap_drop: Some(vec!["ALL".to_owned()]),
         network_mode: Some(network_mode(network)),
         init: Some(false),
-        ..Default::default()
+        cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
+        ..bounded(limits)
     })
+}
+
+/// The lower of this process's hard `RLIMIT_NPROC` and the kernel's `pid_max`.
+fn nproc_ceiling() -> Option<i64> {
+    let hard = getrlimit(Resource::RLIMIT_NPROC)
+        .ok()
+        .map(|(_, hard)| hard)?;
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .unwrap_or(hard);
+    i64::try_from(hard.min(pid_max)).ok()
+}
+
+/// The `[limits]` as the engine takes them: the cgroup's memory (no swap on top), a CPU quota
+/// (`NanoCpus` above the host's CPUs is refused), pids, the private `/tmp` with the same
+/// options as on containerd, explicit rlimits (an engine's defaults may ask for more than the
+/// host grants: Podman's fail with "error setting rlimit type 7") and the raised
+/// `oom_score_adj`.
+fn bounded(limits: &Limits) -> HostConfig {
+    let memory = i64::try_from(limits.memory).unwrap_or(i64::MAX);
+    let nofile = i64::try_from(limits.nofile).unwrap_or(i64::MAX);
+    let mut ulimits = vec![ResourcesUlimits {
+        name: Some("nofile".to_owned()),
+        soft: Some(nofile),
+        hard: Some(nofile),
+    }];
+    // RLIMIT_NPROC counts a uid's processes host-wide, so it cannot bound one environment (the
+    // pids limit does); it is stated only so that the engine does not ask runc for more than it
+    // may give: no more than ours, nor than the kernel's pid_max (what Podman raises its own
+    // to, and the most processes there can be anyway).
+    if let Some(nproc) = nproc_ceiling() {
+        ulimits.push(ResourcesUlimits {
+            name: Some("nproc".to_owned()),
+            soft: Some(nproc),
+            hard: Some(nproc),
+        });
+    }
+    HostConfig {
+        memory: Some(memory),
+        memory_swap: Some(memory),
+        cpu_period: Some(CPU_PERIOD_US as i64),
+        cpu_quota: Some(limits.cpu_quota_us()),
+        pids_limit: Some(i64::from(limits.pids)),
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_owned(),
+            limits.tmp_options().join(","),
+        )])),
+        ulimits: Some(ulimits),
+        oom_score_adj: Some(i64::from(OOM_SCORE_ADJ)),
+        ..Default::default()
+    }
 }
 
 fn machine_state(status: Option<ContainerStateStatusEnum>) -> MachineState {
@@ -94,12 +159,31 @@ fn machine_state(status: Option<ContainerStateStatusEnum>) -> MachineState {
 }
 
 impl Docker {
+    /// [`host_config`] with the seccomp filter as this engine takes it.
+    pub(super) async fn host_config(
+        &self,
+        workspace: &Path,
+        mount_point: &str,
+        network: Network,
+        limits: &Limits,
+    ) -> Result<HostConfig> {
+        let seccomp = self.seccomp_option().await?;
+        host_config(workspace, mount_point, network, limits, &seccomp)
+    }
+
     /// `Runtime::create_machine`: the container made and started; removed again when it does
     /// not start.
     pub(super) async fn make_machine(&self, spec: &MachineSpec) -> Result<MachineInfo> {
         let client = self.engine.client().await?;
         let image = self.require_image(&spec.image.digest).await?;
-        let mut host = host_config(&spec.workspace, &spec.mount_point, spec.network)?;
+        let mut host = self
+            .host_config(
+                &spec.workspace,
+                &spec.mount_point,
+                spec.network,
+                &spec.limits,
+            )
+            .await?;
         self.join_network(client, &mut host, spec.network).await?;
         // Machines come back when the engine restarts (it stops them with SIGTERM, so tini exits
         // non-zero and the engine restarts them on start-up), yet one whose main process was
@@ -210,6 +294,9 @@ impl Docker {
     ) -> Result<futures_util::stream::BoxStream<'static, Change>> {
         use futures_util::StreamExt;
         let client = self.engine.client().await?.clone();
+        if self.engine.is_podman().await? {
+            return Ok(super::podman::polled_changes(client).await);
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -274,9 +361,21 @@ impl Docker {
     /// labelled as that environment's machine (the engine's names are shared with everything
     /// else on the host, so an unlabelled namesake is not ours to run in or remove).
     pub(super) async fn machine(&self, client: &Client, id: &str) -> Result<Option<Machine>> {
-        let answer = client
+        let mut answer = client
             .inspect_container(id, None::<InspectContainerOptions>)
             .await;
+        // Podman says `stopped` for a moment after a container's process ends (before its
+        // clean-up makes it `exited`): a state the Docker API does not have, so the answer does
+        // not parse. Ask again until it settles.
+        let settle = Instant::now() + STATE_SETTLE;
+        while matches!(answer, Err(bollard::errors::Error::JsonDataError { .. }))
+            && Instant::now() < settle
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            answer = client
+                .inspect_container(id, None::<InspectContainerOptions>)
+                .await;
+        }
         let Some(found) = found(&format!("looking up machine {id}"), answer)? else {
             return Ok(None);
         };

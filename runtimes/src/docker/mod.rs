@@ -5,7 +5,9 @@ mod exec;
 mod image;
 mod machine;
 mod network;
+mod podman;
 mod process;
+mod seccomp;
 mod throwaway;
 
 use std::collections::HashSet;
@@ -33,6 +35,9 @@ pub struct DockerConfig {
     pub insecure_registries: Vec<String>,
     /// Isolated networking (`network = "isolated"`); `None`: machines asking for it fail.
     pub network: Option<NetworkConfig>,
+    /// A directory of the daemon's own where files the engine reads are written (the seccomp
+    /// profile, for Podman, which takes it as a path).
+    pub profile_dir: PathBuf,
 }
 
 /// The Docker back end.
@@ -45,6 +50,9 @@ pub struct Docker {
     isolation: Option<Arc<Isolation>>,
     /// Whether the network isolated machines join was seen or made by this process.
     network_ready: Mutex<bool>,
+    profile_dir: PathBuf,
+    /// The seccomp profile's file, once written.
+    seccomp_file: Mutex<Option<PathBuf>>,
 }
 
 impl Docker {
@@ -60,6 +68,8 @@ impl Docker {
                 .transpose()?
                 .map(Arc::new),
             network_ready: Mutex::new(false),
+            profile_dir: config.profile_dir,
+            seccomp_file: Mutex::new(None),
         })
     }
 }

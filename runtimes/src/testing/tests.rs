@@ -31,6 +31,7 @@ async fn machine_spec(fake: &FakeRuntime, id: &str) -> MachineSpec {
             gid: 1000,
         },
         network: Network::None,
+        limits: crate::Limits::default(),
         labels: BTreeMap::new(),
     }
 }
@@ -374,6 +375,7 @@ async fn a_throwaway_is_recorded_and_leaves_nothing() {
         network: Network::Host,
         environment: "env-a".to_owned(),
         organisation: "acme".to_owned(),
+        limits: crate::Limits::default(),
         process: process(None, 100),
     };
     let out = fake.run_throwaway(&spec).await.unwrap();

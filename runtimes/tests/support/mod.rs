@@ -7,7 +7,7 @@ use std::sync::Arc;
 use narya_oci::ImageReference;
 use narya_runtimes::conformance::{self, Fixture, Outside, SubnetLease};
 use narya_runtimes::network::{tag_for, NetworkConfig};
-use narya_runtimes::{ImageSource, Network, Runtime, User};
+use narya_runtimes::{ImageSource, Limits, Network, Runtime, User};
 
 /// Whether this run is CI's, where nothing may skip.
 fn under_ci() -> bool {
@@ -99,6 +99,7 @@ pub fn fixture(
     unreachable: Arc<dyn Runtime>,
     network: Network,
     outside: Option<std::net::SocketAddr>,
+    version: &str,
 ) -> Fixture {
     let fixture = Fixture {
         image: ImageSource {
@@ -111,15 +112,34 @@ pub fn fixture(
             gid: 1000,
         },
         network,
+        limits: test_limits(),
         mount_point: "/workspace".to_owned(),
         // The process id keeps two runs (or a machine a crashed run leaked) from ever sharing a
         // prefix: the list case asserts exactly the machines named from it.
         prefix: format!("{prefix}-{}", std::process::id()),
         unreachable: Some(unreachable),
         outside,
+        known_gaps: conformance::known_gaps(version),
     };
     std::fs::create_dir_all(&fixture.scratch).unwrap();
     fixture
+}
+
+/// Small limits, quick to exceed, and a nofile within this host's hard limit.
+pub fn test_limits() -> Limits {
+    Limits {
+        memory: 256 << 20,
+        cpus: 1.0,
+        pids: 128,
+        tmp: 16 << 20,
+        nofile: 1024,
+    }
+}
+
+/// A machine-name prefix unique to this test process and `suite`: several test binaries (and
+/// other runs) share the runtime, and a fixed prefix would let them remove each other's.
+pub fn prefix(suite: &str) -> String {
+    format!("{suite}{}", std::process::id())
 }
 
 /// Runs every case against `runtime` and fails the test unless all passed.

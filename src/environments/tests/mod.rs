@@ -34,14 +34,19 @@ struct Host {
 impl Host {
     async fn new() -> Host {
         let dir = tempfile::tempdir().unwrap();
-        // Workspaces are chowned to the environment's user: ourselves, so no root is needed.
+        // Workspaces are chowned to the environment's user: ourselves, so no root is needed;
+        // as root, an unprivileged user (uid 0 is refused), which root may chown to.
         let me = std::fs::metadata(dir.path()).unwrap();
+        let (uid, gid) = match me.uid() {
+            0 => (1000, 1000),
+            _ => (me.uid(), me.gid()),
+        };
         let config = Config::parse(&format!(
             "state_dir = {state:?}\n\n[identity]\nissuer = \"https://id.test\"\naudience = \"narya\"\n\n\
              [environment]\nuser = \"{uid}:{gid}\"\nworkspace = \"/workspace\"\ngone_retention = \"1h\"\n",
             state = dir.path().join("state").display().to_string(),
-            uid = me.uid(),
-            gid = me.gid(),
+            uid = uid,
+            gid = gid,
         ))
         .unwrap();
         let config = Arc::new(config);

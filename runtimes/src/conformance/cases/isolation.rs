@@ -1,0 +1,341 @@
+//! The isolation group: what a machine's processes cannot do, and the `[limits]` holding, as
+//! seen from inside. Cgroup files are read as cgroup v2 (`memory.max`, `pids.max`, `cpu.max`)
+//! or, on a v1 or hybrid host, per controller (`memory/memory.limit_in_bytes`, …).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::{check, fail, text, CaseFn, Context, Outcome};
+use crate::{MachineState, ProcessSpec, ThrowawaySpec, OOM_SCORE_ADJ};
+
+pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
+    vec![
+        case!("isolation", seccomp_filter_is_on),
+        case!("isolation", new_user_namespaces_are_refused),
+        case!("isolation", mounts_and_the_keyring_are_refused),
+        case!("isolation", processes_have_no_capabilities),
+        case!("isolation", limits_read_inside_equal_the_configuration),
+        case!("isolation", cgroup_view_is_private),
+        case!("isolation", tmp_is_bounded),
+        case!("isolation", pids_limit_holds_and_the_machine_recovers),
+        case!("isolation", memory_limit_kills_inside_only),
+        case!("isolation", throwaway_is_bounded_and_filtered_too),
+    ]
+}
+
+/// Prints `name=value` lines: the cgroup limits as the kernel holds them, whichever cgroup
+/// version, plus the process's own bounds.
+const READ_LIMITS: &str = r#"
+c=/sys/fs/cgroup
+if [ -f $c/memory/memory.limit_in_bytes ]; then
+  echo "memory=$(cat $c/memory/memory.limit_in_bytes)"
+  echo "pids=$(cat $c/pids/pids.max)"
+  echo "cpu=$(cat $c/cpu/cpu.cfs_quota_us) $(cat $c/cpu/cpu.cfs_period_us)"
+else
+  echo "memory=$(cat $c/memory.max)"
+  echo "pids=$(cat $c/pids.max)"
+  echo "cpu=$(cat $c/cpu.max)"
+fi
+echo "nofile=$(ulimit -Sn) $(ulimit -Hn)"
+echo "oom=$(cat /proc/self/oom_score_adj)"
+echo "seccomp=$(grep '^Seccomp:' /proc/self/status | tr -d ' \t' | cut -d: -f2)"
+"#;
+
+/// The `name=value` lines of `output`.
+fn values(output: &str) -> BTreeMap<String, String> {
+    output
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+impl Context<'_> {
+    /// The `name=value` pairs [`READ_LIMITS`] prints, read in machine `id`.
+    async fn limits_inside(&self, id: &str) -> Result<BTreeMap<String, String>, Outcome> {
+        let out = self.sh(id, READ_LIMITS).await?;
+        check(out.exit_code == Some(0), || {
+            format!("reading the limits failed: {}", text(&out))
+        })?;
+        Ok(values(&text(&out)))
+    }
+
+    /// What a process in machine `id` must see for the fixture's limits.
+    fn expected_limits(&self) -> BTreeMap<String, String> {
+        let limits = &self.fixture.limits;
+        BTreeMap::from([
+            ("memory".to_owned(), limits.memory.to_string()),
+            ("pids".to_owned(), limits.pids.to_string()),
+            (
+                "cpu".to_owned(),
+                format!(
+                    "{} {}",
+                    limits.cpu_quota_us(),
+                    narya_oci::spec::CPU_PERIOD_US
+                ),
+            ),
+            (
+                "nofile".to_owned(),
+                format!("{} {}", limits.nofile, limits.nofile),
+            ),
+            ("oom".to_owned(), OOM_SCORE_ADJ.to_string()),
+            ("seccomp".to_owned(), "2".to_owned()),
+        ])
+    }
+
+    /// Waits (generously: the host may be loaded) until machine `id` runs a process again.
+    async fn answers_again(&self, id: &str) -> Result<(), Outcome> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.sh(id, "echo ok").await {
+                Ok(out) if text(&out) == "ok\n" => return Ok(()),
+                seen if Instant::now() > deadline => {
+                    return Err(fail(format!("{id} no longer runs processes: {seen:?}")))
+                }
+                _ => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+}
+
+async fn seccomp_filter_is_on(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    for pid in ["1", "self"] {
+        let out = c
+            .sh(&id, &format!("grep '^Seccomp:' /proc/{pid}/status"))
+            .await?;
+        let mode = text(&out).split_whitespace().nth(1).map(str::to_owned);
+        check(mode.as_deref() == Some("2"), || {
+            format!("/proc/{pid}: {:?}, expected filter mode 2", text(&out))
+        })?;
+    }
+    Ok(())
+}
+
+async fn new_user_namespaces_are_refused(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let out = c
+        .sh(
+            &id,
+            "command -v unshare >/dev/null || { echo no-unshare; exit 0; }; unshare -Ur id; echo \"unshare=$?\"",
+        )
+        .await?;
+    let t = text(&out);
+    check(!t.contains("no-unshare"), || {
+        "the image has no unshare to try with".to_owned()
+    })?;
+    check(!t.contains("uid=0") && !t.contains("unshare=0"), || {
+        format!("a new user namespace was made: {t:?}")
+    })
+}
+
+async fn mounts_and_the_keyring_are_refused(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    // A mount needs a namespace of its own or a capability; both are refused. The keyring is
+    // reached through /proc/keys (masked) and keyctl (filtered); util-linux has no keyctl, so
+    // the masked file stands for it.
+    let out = c
+        .sh(
+            &id,
+            "mkdir -p /tmp/m; mount -t tmpfs none /tmp/m 2>&1; echo \"mount=$?\"; \
+             unshare -m true 2>&1; echo \"unshare=$?\"; \
+             [ -s /proc/keys ] && echo keys-visible; echo done",
+        )
+        .await?;
+    let seen = values(&text(&out));
+    check(seen.get("mount").is_some_and(|v| v != "0"), || {
+        format!("a mount succeeded: {:?}", text(&out))
+    })?;
+    check(seen.get("unshare").is_some_and(|v| v != "0"), || {
+        format!("a mount namespace was made: {:?}", text(&out))
+    })?;
+    check(!text(&out).contains("keys-visible"), || {
+        "the kernel keyring is readable in /proc/keys".to_owned()
+    })
+}
+
+async fn processes_have_no_capabilities(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let out = c
+        .sh(&id, "grep -E '^(Cap|NoNewPrivs)' /proc/self/status")
+        .await?;
+    let status = text(&out);
+    for (field, want) in [
+        ("CapInh:", "0000000000000000"),
+        ("CapPrm:", "0000000000000000"),
+        ("CapEff:", "0000000000000000"),
+        ("CapBnd:", "0000000000000000"),
+        ("CapAmb:", "0000000000000000"),
+        ("NoNewPrivs:", "1"),
+    ] {
+        let seen = status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1));
+        check(seen == Some(want), || {
+            format!("{field} {seen:?}, expected {want}")
+        })?;
+    }
+    Ok(())
+}
+
+async fn limits_read_inside_equal_the_configuration(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let seen = c.limits_inside(&id).await?;
+    let want = c.expected_limits();
+    check(seen == want, || {
+        format!("inside: {seen:?}; configured: {want:?}")
+    })?;
+    // The machine's init carries the same oom_score_adj as its execs.
+    let init = c.sh(&id, "cat /proc/1/oom_score_adj").await?;
+    check(text(&init).trim() == OOM_SCORE_ADJ.to_string(), || {
+        format!("init's oom_score_adj is {:?}", text(&init))
+    })
+}
+
+async fn cgroup_view_is_private(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let (other, _) = c.machine(1).await?;
+    // In a cgroup namespace every hierarchy's path is its root: `0::/`, `4:memory:/`.
+    let out = c.sh(&id, "cat /proc/self/cgroup").await?;
+    let own = text(&out);
+    check(
+        !own.trim().is_empty() && own.lines().all(|l| l.ends_with(":/")),
+        || format!("/proc/self/cgroup shows the host's tree: {own:?}"),
+    )?;
+    // No other machine appears anywhere in the cgroup filesystem it sees.
+    let listing = c
+        .sh(
+            &id,
+            &format!("find /sys/fs/cgroup -maxdepth 4 -name '*{other}*' 2>/dev/null; echo listed"),
+        )
+        .await?;
+    let listing = text(&listing);
+    check(listing.trim() == "listed", || {
+        format!("another machine is visible: {listing:?}")
+    })
+}
+
+async fn tmp_is_bounded(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let tmp_mib = c.fixture.limits.tmp >> 20;
+    let out = c
+        .sh(
+            &id,
+            &format!(
+                "grep ' /tmp ' /proc/mounts; \
+                 dd if=/dev/zero of=/tmp/fill bs=1M count={} 2>/dev/null; echo \"dd=$?\"; \
+                 echo \"size=$(stat -c %s /tmp/fill)\"; rm -f /tmp/fill",
+                tmp_mib + 8
+            ),
+        )
+        .await?;
+    let t = text(&out);
+    let seen = values(&t);
+    check(seen.get("dd").is_some_and(|v| v != "0"), || {
+        format!("writing past /tmp's size succeeded: {t:?}")
+    })?;
+    let size: u64 = seen
+        .get("size")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(u64::MAX);
+    check(size <= c.fixture.limits.tmp, || {
+        format!("/tmp took {size} bytes, more than {}", c.fixture.limits.tmp)
+    })?;
+    let mount = t.lines().next().unwrap_or_default();
+    check(
+        mount.contains("tmpfs") && mount.contains("nosuid") && mount.contains("nodev"),
+        || format!("/tmp is mounted as {mount:?}"),
+    )
+}
+
+async fn pids_limit_holds_and_the_machine_recovers(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let (bystander, _) = c.machine(1).await?;
+    let tries = c.fixture.limits.pids + 64;
+    // A subshell forks sleepers until the kernel refuses, noting each pid; the outer shell
+    // then counts and kills them with builtins only (no pid is left to fork with).
+    let script = format!(
+        "rm -f /tmp/pids; \
+         ( i=0; while [ $i -lt {tries} ]; do sleep 120 & echo $! >> /tmp/pids; i=$((i+1)); done ) 2>/dev/null; \
+         n=0; while read p; do n=$((n+1)); kill -KILL $p 2>/dev/null; done < /tmp/pids; \
+         echo \"forked=$n\""
+    );
+    let out = c.sh(&id, &script).await?;
+    let forked: u32 = values(&text(&out))
+        .get("forked")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| fail(format!("the fork loop reported nothing: {:?}", text(&out))))?;
+    check(forked < c.fixture.limits.pids, || {
+        format!(
+            "{forked} processes forked, the limit is {}",
+            c.fixture.limits.pids
+        )
+    })?;
+    check(forked > 0, || "nothing could be forked at all".to_owned())?;
+    c.answers_again(&id).await?;
+    c.answers_again(&bystander).await?;
+    check(
+        c.runtime.inspect(&id).await? == MachineState::Running,
+        || "the machine stopped".to_owned(),
+    )
+}
+
+async fn memory_limit_kills_inside_only(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    // dd holds one block of `bs` bytes in memory: twice the limit cannot fit.
+    let mib = (c.fixture.limits.memory >> 20) * 2;
+    let out = c
+        .sh(
+            &id,
+            &format!("dd if=/dev/zero of=/dev/null bs={mib}M count=1 2>/dev/null; echo \"dd=$?\""),
+        )
+        .await?;
+    let seen = values(&text(&out));
+    check(seen.get("dd").map(String::as_str) == Some("137"), || {
+        format!(
+            "allocating {mib} MiB was not killed (137): {:?}",
+            text(&out)
+        )
+    })?;
+    c.answers_again(&id).await?;
+    check(
+        c.runtime.inspect(&id).await? == MachineState::Running,
+        || "the machine stopped after a process in it ran out of memory".to_owned(),
+    )
+}
+
+async fn throwaway_is_bounded_and_filtered_too(c: &Context<'_>) -> Result<(), Outcome> {
+    let (_, workspace) = c.machine(0).await?;
+    let out = c
+        .runtime
+        .run_throwaway(&ThrowawaySpec {
+            name: c.machine_id(2),
+            image: c.pinned().await?,
+            workspace,
+            mount_point: c.fixture.mount_point.clone(),
+            user: c.fixture.user,
+            network: c.fixture.network,
+            limits: c.fixture.limits,
+            environment: c.machine_id(2),
+            organisation: "conformance".to_owned(),
+            process: ProcessSpec {
+                argv: vec!["/bin/sh".into(), "-c".into(), READ_LIMITS.into()],
+                env: BTreeMap::new(),
+                cwd: None,
+                timeout: Duration::from_secs(60),
+                output_limit: 4096,
+                stdin: None,
+                output: None,
+            },
+        })
+        .await?;
+    let seen = values(&text(&out));
+    let want = c.expected_limits();
+    check(out.exit_code == Some(0) && seen == want, || {
+        format!(
+            "throwaway: {seen:?} ({:?}); configured: {want:?}",
+            out.exit_code
+        )
+    })
+}
