@@ -259,7 +259,11 @@ async fn foreign_throwaway(
         network: Network::None,
         environment: environment.to_owned(),
         organisation: "acme".to_owned(),
-        limits: narya_runtimes::Limits::default(),
+        // Within this host's hard limit of open files, as the test daemons' own `[limits]`.
+        limits: narya_runtimes::Limits {
+            nofile: 1024,
+            ..Default::default()
+        },
         process: ProcessSpec {
             argv: vec!["sleep".to_owned(), "600".to_owned()],
             env: Default::default(),
@@ -272,7 +276,9 @@ async fn foreign_throwaway(
     };
     let runtime = host.runtime.clone();
     let running = tokio::spawn(async move {
-        let _ = runtime.run_throwaway(&spec).await;
+        if let Err(e) = runtime.run_throwaway(&spec).await {
+            eprintln!("the foreign throwaway ended: {e}");
+        }
     });
     let deadline = Instant::now() + Duration::from_secs(60);
     while throwaways(&host.runtime, environment).await.is_empty() {
