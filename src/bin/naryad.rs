@@ -76,15 +76,23 @@ fn main() -> ExitCode {
 /// `[log] format`, and an async runtime: what serving and the conformance run both start with.
 /// Errors are printed here.
 fn start(config_path: &Path, default: &str) -> Result<(Config, tokio::runtime::Runtime), ExitCode> {
-    let config = Config::load(config_path).map_err(|e| {
+    let mut config = Config::load(config_path).map_err(|e| {
         eprintln!("naryad: {e}");
         ExitCode::from(2)
     })?;
-    if let Err(e) = config.check_host(narya_runtimes::host::hard_nofile()) {
+    let hard_nofile = narya_runtimes::host::hard_nofile();
+    if let Err(e) = config.check_host(hard_nofile) {
         eprintln!("naryad: configuration file {}: {e}", config_path.display());
         return Err(ExitCode::from(2));
     }
+    let lowered = config.fit_to_host(hard_nofile);
     start_logging(config.log.format, default);
+    if let Some(nofile) = lowered {
+        tracing::info!(
+            nofile,
+            "limits.nofile not set: environments get this host's hard limit of open files, below the default"
+        );
+    }
     let runtime = tokio::runtime::Runtime::new().map_err(|e| {
         eprintln!("naryad: cannot start the async runtime: {e}");
         ExitCode::FAILURE

@@ -26,7 +26,7 @@ impl Config {
                 limits.tmp, limits.memory
             ));
         }
-        if limits.nofile < 64 {
+        if limits.nofile.is_some_and(|n| n < 64) {
             return Err("key `limits.nofile` must be at least 64".to_owned());
         }
         Ok(())
@@ -36,14 +36,24 @@ impl Config {
     /// the daemon itself has (the runtime, started like the daemon, cannot raise past it).
     /// `hard_nofile` is that limit (`None`: unknown, nothing refused).
     pub fn check_host(&self, hard_nofile: Option<u64>) -> Result<(), String> {
-        match hard_nofile {
-            Some(hard) if self.limits.nofile > hard => Err(format!(
-                "key `limits.nofile`: {} is above this host's hard limit of open files ({hard}); \
-                 set `[limits] nofile` to at most {hard}",
-                self.limits.nofile
+        match (self.limits.nofile, hard_nofile) {
+            (Some(nofile), Some(hard)) if nofile > hard => Err(format!(
+                "key `limits.nofile`: {nofile} is above this host's hard limit of open files \
+                 ({hard}); set `[limits] nofile` to at most {hard}"
             )),
             _ => Ok(()),
         }
+    }
+
+    /// Lowers the default `limits.nofile` (the file did not give one) to the host's hard limit
+    /// of open files when that is below it; answers the value it then takes, if lowered.
+    pub fn fit_to_host(&mut self, hard_nofile: Option<u64>) -> Option<u64> {
+        let hard = hard_nofile?;
+        if self.limits.nofile.is_none() && self.limits.limits().nofile > hard {
+            self.limits.nofile = Some(hard);
+            return Some(hard);
+        }
+        None
     }
 }
 
@@ -112,5 +122,22 @@ mod tests {
         );
         assert!(c.check_host(Some(30000)).is_ok());
         assert!(c.check_host(None).is_ok());
+    }
+
+    #[test]
+    fn the_default_nofile_fits_the_host_and_a_given_one_is_kept() {
+        let mut c = with("").unwrap();
+        assert!(
+            c.check_host(Some(20000)).is_ok(),
+            "the default is never refused"
+        );
+        assert_eq!(c.fit_to_host(Some(20000)), Some(20000));
+        assert_eq!(c.limits.limits().nofile, 20000);
+        let mut roomy = with("").unwrap();
+        assert_eq!(roomy.fit_to_host(Some(1 << 20)), None);
+        assert_eq!(roomy.limits.limits().nofile, 65536);
+        let mut given = with("[limits]\nnofile = 1024\n").unwrap();
+        assert_eq!(given.fit_to_host(Some(512)), None);
+        assert_eq!(given.limits.limits().nofile, 1024);
     }
 }

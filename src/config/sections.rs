@@ -175,8 +175,10 @@ pub struct LimitsConfig {
     pub pids: u32,
     #[serde(default = "default_tmp", deserialize_with = "bytes")]
     pub tmp: u64,
-    #[serde(default = "default_nofile")]
-    pub nofile: u64,
+    /// `None` when the file does not say: the contract's default, lowered at start-up to what
+    /// the host grants ([`super::Config::fit_to_host`]); a value the file gives is kept or refused.
+    #[serde(default)]
+    pub nofile: Option<u64>,
 }
 
 impl LimitsConfig {
@@ -187,7 +189,7 @@ impl LimitsConfig {
             cpus: self.cpus,
             pids: self.pids,
             tmp: self.tmp,
-            nofile: self.nofile,
+            nofile: self.nofile.unwrap_or_else(default_nofile),
         }
     }
 }
@@ -199,7 +201,7 @@ impl Default for LimitsConfig {
             cpus: default_cpus(),
             pids: default_pids(),
             tmp: default_tmp(),
-            nofile: default_nofile(),
+            nofile: None,
         }
     }
 }
