@@ -49,7 +49,12 @@ impl TailBuffer {
 /// A named pipe the runtime writes a process's stdout and stderr into, read as it is written.
 pub struct OutputFifo {
     path: PathBuf,
+    /// The reader while it runs; it ends at end of file, or when told to stop.
     reader: Option<JoinHandle<TailBuffer>>,
+    /// What the reader read, once it ended.
+    read: Option<TailBuffer>,
+    /// Tells the reader to take what is already in the pipe and end.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// Our own write end, held until the runtime has opened its own: a FIFO with no writer
     /// reads as ended, and the reader would stop before the process started.
     placeholder: Option<std::fs::File>,
@@ -66,7 +71,7 @@ impl OutputFifo {
         let _ = std::fs::remove_file(path);
         nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .map_err(std::io::Error::from)?;
-        let mut receiver = tokio::net::unix::pipe::OpenOptions::new().open_receiver(path)?;
+        let receiver = tokio::net::unix::pipe::OpenOptions::new().open_receiver(path)?;
         let placeholder = {
             use std::os::unix::fs::OpenOptionsExt;
             std::fs::OpenOptions::new()
@@ -74,27 +79,13 @@ impl OutputFifo {
                 .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
                 .open(path)?
         };
-        let reader = tokio::spawn(async move {
-            let mut tail = TailBuffer::new(limit);
-            let mut chunk = vec![0u8; 32 * 1024];
-            loop {
-                match receiver.read(&mut chunk).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        tail.push(&chunk[..n]);
-                        if let Some(sink) = &sink {
-                            // A receiver that went away stops the process elsewhere; keep
-                            // draining so the tail is complete.
-                            let _ = sink.send(chunk[..n].to_vec()).await;
-                        }
-                    }
-                }
-            }
-            tail
-        });
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let reader = tokio::spawn(read_into_tail(receiver, limit, sink, stopped));
         Ok(OutputFifo {
             path: path.to_owned(),
             reader: Some(reader),
+            read: None,
+            stop: Some(stop),
             placeholder: Some(placeholder),
         })
     }
@@ -110,25 +101,80 @@ impl OutputFifo {
         &self.path
     }
 
-    /// Waits up to `grace` for the writers to close (a background child that kept stdout open
-    /// must not hold the answer hostage), then returns what was read.
-    pub async fn collect(mut self, grace: Duration) -> (Vec<u8>, bool) {
+    /// Waits up to `grace` for every writer to close, the reader still reading after: true when
+    /// the output ended. The runtime may stop copying once the process is deleted, so this
+    /// comes before the delete.
+    pub async fn wait_closed(&mut self, grace: Duration) -> bool {
         self.placeholder = None;
-        let Some(mut reader) = self.reader.take() else {
-            return (Vec::new(), false);
+        let Some(reader) = self.reader.as_mut() else {
+            return true;
         };
-        match tokio::time::timeout(grace, &mut reader).await {
-            Ok(Ok(tail)) => tail.finish(),
-            Ok(Err(_)) => (Vec::new(), false),
-            Err(_) => {
-                reader.abort();
-                match reader.await {
-                    Ok(tail) => tail.finish(),
-                    Err(_) => (Vec::new(), false),
-                }
+        match tokio::time::timeout(grace, reader).await {
+            Ok(tail) => {
+                self.reader = None;
+                self.read = tail.ok();
+                true
             }
+            Err(_) => false,
         }
     }
+
+    /// Waits up to `grace` for the writers to close (a background child that kept stdout open
+    /// must not hold the answer hostage), then returns what was read: all of it, also when the
+    /// grace ran out, including what was still in the pipe.
+    pub async fn collect(mut self, grace: Duration) -> (Vec<u8>, bool) {
+        if !self.wait_closed(grace).await {
+            if let Some(stop) = self.stop.take() {
+                let _ = stop.send(());
+            }
+            if let Some(reader) = self.reader.take() {
+                self.read = reader.await.ok();
+            }
+        }
+        self.read.take().map(TailBuffer::finish).unwrap_or_default()
+    }
+}
+
+/// Reads `receiver` into a tail of `limit` bytes, passing each chunk to `sink`, until end of
+/// file, or until `stop` (then what is already in the pipe is still taken).
+async fn read_into_tail(
+    mut receiver: tokio::net::unix::pipe::Receiver,
+    limit: usize,
+    sink: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> TailBuffer {
+    let mut tail = TailBuffer::new(limit);
+    let mut chunk = vec![0u8; 32 * 1024];
+    // After `stop`, how many more chunks may be taken without waiting: what a pipe holds,
+    // and not forever from a writer that keeps writing.
+    let mut last_chunks: Option<u32> = None;
+    loop {
+        let n = match last_chunks.as_mut() {
+            Some(0) => 0,
+            Some(left) => {
+                *left -= 1;
+                receiver.try_read(&mut chunk).unwrap_or(0)
+            }
+            None => tokio::select! {
+                biased;
+                _ = &mut stop => {
+                    last_chunks = Some(64);
+                    continue;
+                }
+                read = receiver.read(&mut chunk) => read.unwrap_or(0),
+            },
+        };
+        if n == 0 {
+            break;
+        }
+        tail.push(&chunk[..n]);
+        if let Some(sink) = &sink {
+            // A receiver that went away stops the process elsewhere; keep draining so the
+            // tail is complete.
+            let _ = sink.send(chunk[..n].to_vec()).await;
+        }
+    }
+    tail
 }
 
 impl Drop for OutputFifo {
@@ -238,5 +284,30 @@ mod tests {
             streamed.extend(chunk);
         }
         assert_eq!(streamed, b"hello world");
+    }
+
+    #[tokio::test]
+    async fn what_was_written_is_kept_when_a_writer_outlives_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fifo = OutputFifo::create(&dir.path().join("out"), 1024, None).unwrap();
+        let path = fifo.path().to_owned();
+        let (written, was_written) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        // A background child that keeps the output open after writing.
+        let holder = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut w = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            w.write_all(b"partial").unwrap();
+            written.send(()).unwrap();
+            let _ = released.recv();
+        });
+        was_written.recv().unwrap();
+        fifo.writer_attached();
+        assert!(!fifo.wait_closed(Duration::from_millis(50)).await);
+        let (out, truncated) = fifo.collect(Duration::from_millis(50)).await;
+        assert_eq!(out, b"partial");
+        assert!(!truncated);
+        release.send(()).unwrap();
+        holder.join().unwrap();
     }
 }

@@ -104,6 +104,53 @@ async fn conformance_with_the_image_from_a_registry() {
     run_suite(registry_reference(), "narya-conformance-registry", "cr").await;
 }
 
+/// The socket, containerd in `namespace` (host networking) and the official image from its
+/// layout pinned there; `None` when skipped (outside CI).
+async fn with_the_image(
+    namespace: &str,
+    scratch: &std::path::Path,
+) -> Option<(String, Containerd, narya_runtimes::PinnedImage)> {
+    let reference = layout_reference()?;
+    let socket = support::required("NARYA_TEST_CONTAINERD_SOCKET")?;
+    let runtime = containerd(&socket, namespace, scratch, None);
+    support::answering(&runtime, &socket).await?;
+    let image = runtime
+        .ensure_image(&ImageSource {
+            reference,
+            pinned: None,
+        })
+        .await
+        .expect("the official image");
+    Some((socket, runtime, image))
+}
+
+/// Test machine `id` of the official image, its workspace made under `scratch`.
+fn machine_spec(
+    id: &str,
+    organisation: &str,
+    image: narya_runtimes::PinnedImage,
+    scratch: &std::path::Path,
+    network: Network,
+) -> MachineSpec {
+    let workspace = scratch.join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    MachineSpec {
+        id: id.to_owned(),
+        environment: id.to_owned(),
+        organisation: organisation.to_owned(),
+        image,
+        workspace,
+        mount_point: "/workspace".to_owned(),
+        user: User {
+            uid: 1000,
+            gid: 1000,
+        },
+        network,
+        limits: support::test_limits(),
+        labels: BTreeMap::new(),
+    }
+}
+
 /// Removes machine `id` of `namespace` with containerd's own CLI when dropped, also when the
 /// test failed: task, container record, writable layer.
 struct Removal {
@@ -147,50 +194,20 @@ async fn delete_only_the_record(socket: &str, namespace: &str, id: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_that_outlived_its_container_does_not_block_a_new_machine_of_its_name() {
-    let Some(reference) = layout_reference() else {
-        return;
-    };
-    let Some(socket) = support::required("NARYA_TEST_CONTAINERD_SOCKET") else {
-        return;
-    };
     let scratch = tempfile::tempdir().unwrap();
     // Shared by every run of this test (the image stays for the next); the machine is this
     // process's own.
     let namespace = "narya-runtime-tests";
-    let runtime = containerd(&socket, namespace, scratch.path(), None);
-    if support::answering(&runtime, &socket).await.is_none() {
+    let Some((socket, runtime, image)) = with_the_image(namespace, scratch.path()).await else {
         return;
-    }
-    let image = runtime
-        .ensure_image(&ImageSource {
-            reference,
-            pinned: None,
-        })
-        .await
-        .unwrap();
+    };
     let id = format!("outlived-{}", std::process::id());
     let _removal = Removal {
         socket: socket.clone(),
         namespace: namespace.to_owned(),
         id: id.clone(),
     };
-    let workspace = scratch.path().join("workspace");
-    std::fs::create_dir_all(&workspace).unwrap();
-    let spec = MachineSpec {
-        id: id.clone(),
-        environment: id.clone(),
-        organisation: namespace.to_owned(),
-        image,
-        workspace,
-        mount_point: "/workspace".to_owned(),
-        user: User {
-            uid: 1000,
-            gid: 1000,
-        },
-        network: Network::Host,
-        limits: support::test_limits(),
-        labels: BTreeMap::new(),
-    };
+    let spec = machine_spec(&id, namespace, image, scratch.path(), Network::Host);
     runtime.create_machine(&spec).await.unwrap();
     delete_only_the_record(&socket, namespace, &id).await;
     assert_eq!(runtime.inspect(&id).await.unwrap(), MachineState::Missing);
@@ -309,5 +326,118 @@ async fn two_hundred_isolated_creates_and_removes_leave_nothing_behind() {
         Default::default(),
         "namespaces or reservations left"
     );
+    runtime.shutdown().await.unwrap();
+}
+
+/// Spins `threads` busy loops on the host until dropped, so containerd's shims run starved as
+/// on a loaded CI machine.
+struct BusyHost {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyHost {
+    fn new(threads: usize) -> BusyHost {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        BusyHost { stop, threads }
+    }
+}
+
+impl Drop for BusyHost {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// `output`'s lines, sorted.
+fn lines(output: &[u8]) -> Vec<String> {
+    let mut lines: Vec<String> = String::from_utf8_lossy(output)
+        .split_inclusive('\n')
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// Two hundred execs, sixteen at a time, on a host kept busy: every one answers exactly what it
+/// wrote (containerd reports an exec's exit before its shim has copied the output, and deleting
+/// the exec stops that copy).
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_execs_on_a_busy_host_each_answer_their_whole_output() {
+    use futures_util::StreamExt;
+    let scratch = tempfile::tempdir().unwrap();
+    let namespace = "narya-test-output";
+    let Some((socket, runtime, image)) = with_the_image(namespace, scratch.path()).await else {
+        return;
+    };
+    let id = format!("output-{}", std::process::id());
+    let _removal = Removal {
+        socket: socket.clone(),
+        namespace: namespace.to_owned(),
+        id: id.clone(),
+    };
+    runtime
+        .create_machine(&machine_spec(
+            &id,
+            &id,
+            image,
+            scratch.path(),
+            Network::None,
+        ))
+        .await
+        .expect("the machine");
+    let busy = BusyHost::new(4);
+    let runtime = &runtime;
+    let id = id.as_str();
+    let wrong: Vec<String> = futures_util::stream::iter(0..200)
+        .map(|n| async move {
+            let out = runtime
+                .run(
+                    id,
+                    &narya_runtimes::ProcessSpec {
+                        argv: vec![
+                            "/bin/sh".into(),
+                            "-c".into(),
+                            format!("echo out-{n}; cut -d' ' -f1 /proc/1/stat; echo err-{n} >&2"),
+                        ],
+                        env: BTreeMap::new(),
+                        cwd: None,
+                        timeout: std::time::Duration::from_secs(120),
+                        output_limit: 4096,
+                        stdin: None,
+                        output: None,
+                    },
+                )
+                .await;
+            (n, out)
+        })
+        .buffer_unordered(16)
+        .filter_map(|(n, out)| async move {
+            // stdout and stderr reach the FIFO through pipes of their own: either may come first.
+            let mut want = [format!("out-{n}\n"), "1\n".to_owned(), format!("err-{n}\n")];
+            want.sort();
+            match out {
+                Ok(out) if out.exit_code == Some(0) && lines(&out.output) == want => None,
+                other => Some(format!("#{n}: {other:?}")),
+            }
+        })
+        .collect()
+        .await;
+    drop(busy);
+    runtime.remove(id).await.unwrap();
+    assert!(wrong.is_empty(), "{} of 200 execs: {wrong:#?}", wrong.len());
     runtime.shutdown().await.unwrap();
 }

@@ -28,6 +28,7 @@ macro_rules! case {
 }
 
 mod isolation;
+mod output;
 
 pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
     let mut cases = vec![
@@ -61,6 +62,7 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("network", ipv6_is_off),
         case!("network", resolv_conf_names_the_resolvers),
     ];
+    cases.extend(output::all());
     cases.extend(isolation::all());
     cases
 }

@@ -207,6 +207,13 @@ impl Containerd {
             .await
             .map_err(|e| classify(&format!("starting a process in {id}"), e))?;
         let ended = self.start_and_wait(id, &exec_id, spec_in, &mut stdio).await;
+        // The shim copies the process's output into our FIFO on its own time, and a delete
+        // stops that copy (after at most 2 s): under load the copy may not even have begun
+        // when the process's exit is reported. So the output ends (or its grace passes)
+        // before the delete, and what the delete then cuts short is a background child's.
+        if ended.is_ok() {
+            stdio.output.wait_closed(OUTPUT_GRACE).await;
+        }
         let _ = self
             .conn
             .tasks()
