@@ -342,7 +342,8 @@ pub trait Runtime: Send + Sync {
 
     /// The host pid of the running machine `id`'s init, through which the host finds the
     /// processes in its pid namespace; `None` when the machine is missing or not running.
-    /// Errors: `Unavailable`.
+    /// Errors: `Unavailable`, also while the runtime cannot tell a running machine's pid (a busy
+    /// containerd shim), never `None` then.
     async fn init_pid(&self, id: &str) -> Result<Option<u32>>;
 
     /// Every Narya-labelled machine in the runtime.

@@ -282,11 +282,20 @@ impl Containerd {
     /// `Runtime::init_pid`: the task's own process while it is not known to have stopped (a
     /// busy shim's `UNKNOWN` still has a live init).
     pub(super) async fn machine_init_pid(&self, id: &str) -> Result<Option<u32>> {
-        Ok(self.task_process(id).await?.and_then(|p| {
-            let status = TaskStatus::try_from(p.status).unwrap_or(TaskStatus::Unknown);
-            let alive = !matches!(status, TaskStatus::Stopped | TaskStatus::Created);
-            (alive && p.pid > 0).then_some(p.pid)
-        }))
+        let Some(p) = self.task_process(id).await? else {
+            return Ok(None);
+        };
+        match TaskStatus::try_from(p.status).unwrap_or(TaskStatus::Unknown) {
+            TaskStatus::Stopped | TaskStatus::Created => Ok(None),
+            _ if p.pid > 0 => Ok(Some(p.pid)),
+            // A shim too busy to answer its state in time makes containerd report the task
+            // `UNKNOWN` with no pid: the init lives, but where cannot be told now. Never "no
+            // init" (that would strike a run whose processes still run): ask again later.
+            _ => Err(RuntimeError::plain(
+                ErrorKind::Unavailable,
+                format!("the shim of {id} cannot tell its init's pid right now"),
+            )),
+        }
     }
 
     /// Task `id`'s own process as containerd reports it; `None` when there is no task.
