@@ -148,9 +148,11 @@ network_config_dir = "$PODMAN_CONF/networks"
 CONF
   rm -f "$PODMAN_SOCK"
   podman_env
-  setsid podman --root "$NARYA_DATA_DIR/podman/storage" --runroot "$NARYA_RUN_DIR/podman-run" \
+  # From /: conmon, which starts every container, inherits the service's working directory and
+  # fails each start ("Failed to get working directory") once that directory is deleted.
+  (cd / && exec setsid podman --root "$NARYA_DATA_DIR/podman/storage" --runroot "$NARYA_RUN_DIR/podman-run" \
     --cgroup-manager cgroupfs --tmpdir "$NARYA_RUN_DIR/podman-tmp" \
-    system service --time=0 "unix://$PODMAN_SOCK" \
+    system service --time=0 "unix://$PODMAN_SOCK") \
     >"$LOG_DIR/podman.log" 2>&1 < /dev/null &
   echo $! > "$NARYA_RUN_DIR/podman.pid"
   if wait_for 60 podman_up; then
