@@ -48,13 +48,13 @@ impl Docker {
         let has_stdin = process.stdin.is_some();
         let mut host = self
             .host_config(
+                client,
                 &spec.workspace,
                 &spec.mount_point,
                 spec.network,
                 &spec.limits,
             )
             .await?;
-        self.join_network(client, &mut host, spec.network).await?;
         // Its output is read through the attachment; none of it goes to the engine's logs.
         host.log_config = Some(HostConfigLogConfig {
             typ: Some("none".to_owned()),

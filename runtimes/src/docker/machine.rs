@@ -159,16 +159,20 @@ fn machine_state(status: Option<ContainerStateStatusEnum>) -> MachineState {
 }
 
 impl Docker {
-    /// [`host_config`] with the seccomp filter as this engine takes it.
+    /// [`host_config`] with the seccomp filter as this engine takes it, joined to the daemon's
+    /// network when `network` is isolated.
     pub(super) async fn host_config(
         &self,
+        client: &Client,
         workspace: &Path,
         mount_point: &str,
         network: Network,
         limits: &Limits,
     ) -> Result<HostConfig> {
         let seccomp = self.seccomp_option().await?;
-        host_config(workspace, mount_point, network, limits, &seccomp)
+        let mut host = host_config(workspace, mount_point, network, limits, &seccomp)?;
+        self.join_network(client, &mut host, network).await?;
+        Ok(host)
     }
 
     /// `Runtime::create_machine`: the container made and started; removed again when it does
@@ -178,13 +182,13 @@ impl Docker {
         let image = self.require_image(&spec.image.digest).await?;
         let mut host = self
             .host_config(
+                client,
                 &spec.workspace,
                 &spec.mount_point,
                 spec.network,
                 &spec.limits,
             )
             .await?;
-        self.join_network(client, &mut host, spec.network).await?;
         // Machines come back when the engine restarts (it stops them with SIGTERM, so tini exits
         // non-zero and the engine restarts them on start-up), yet one whose main process was
         // killed stays stopped as under containerd: tini reports its child's SIGKILL (137) as 0
