@@ -42,7 +42,7 @@ async fn a_change_to_a_machine_the_store_does_not_know_costs_nothing() {
     let host = three_ready().await;
     let inspects = host.fake.calls(Op::Inspect);
     host.environments
-        .reconcile_machine("demo-clone")
+        .reconcile_machine(&host.name("four"))
         .await
         .unwrap();
     assert_eq!(host.fake.calls(Op::Inspect), inspects);
@@ -72,6 +72,9 @@ async fn the_reconciler_restarts_a_machine_a_change_names() {
         assert!(Instant::now() < deadline, "the reconciler never subscribed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The full pass the subscription followed is done; the next is POLL (2 s) away, so a
+    // restart before any listing came from the change alone.
+    let lists = host.fake.calls(Op::List);
     host.fake.stop_machine(&host.name("one"));
     while host.fake.calls(Op::Start) == 0 {
         assert!(
@@ -80,5 +83,10 @@ async fn the_reconciler_restarts_a_machine_a_change_names() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert_eq!(
+        host.fake.calls(Op::List),
+        lists,
+        "the restart waited for a full pass instead of following the change"
+    );
     reconciler.abort();
 }
