@@ -46,7 +46,9 @@ async fn a_setup_forking_without_end_fails_at_the_pids_limit_and_nobody_else_not
         return;
     };
     let bystander = ready(&host, "bystander").await;
+    let _bystander_removal = host.removal(&bystander);
     let bomb = unique_id("forks");
+    let _bomb_removal = host.removal(&bomb);
     let creating = {
         let client = host.acme();
         let body = json!({ "id": bomb, "setup": FORK_10000 });
@@ -91,6 +93,7 @@ async fn a_process_past_memory_is_killed_and_its_environment_stays_ready(backend
         return;
     };
     let id = ready(&host, "oom").await;
+    let _id_removal = host.removal(&id);
     // dd holds one block of `bs` bytes: 512 MiB cannot fit in 256.
     let result = run(
         &host,
@@ -123,6 +126,7 @@ async fn processes_run_filtered_bounded_and_first_in_line_for_the_oom_killer(bac
         return;
     };
     let id = ready(&host, "bounds").await;
+    let _id_removal = host.removal(&id);
     let result = run(
         &host,
         &id,

@@ -114,6 +114,7 @@ async fn an_environment_reaches_the_outside_but_not_the_host_nor_another(backend
     let on_dummy = TcpListener::bind((dummy.address, 0)).unwrap();
     let client = host.acme();
     let (first, second) = (unique_id("net-a"), unique_id("net-b"));
+    let _removals = [host.removal(&first), host.removal(&second)];
     for id in [&first, &second] {
         let answer = create(&client, serde_json::json!({ "id": id })).await;
         assert_eq!(
@@ -155,6 +156,7 @@ async fn none_gives_loopback_only(backend: Backend) {
     };
     let client = host.acme();
     let id = unique_id("net-none");
+    let _removal = host.removal(&id);
     let answer = create(&client, serde_json::json!({ "id": id })).await;
     assert_eq!(answer.status, StatusCode::CREATED);
     let result = body(&exec(&client, &id, &["ls", "/sys/class/net"]).await);
