@@ -389,7 +389,7 @@ impl Containerd {
             .as_deref()
             .filter(|_| netns.is_some())
             .map(|isolation| isolation.resolv_conf_path());
-        let runtime_spec = spec::container(&spec::ContainerSpec {
+        let runtime_spec = match spec::container(&spec::ContainerSpec {
             hostname: id,
             process,
             workspace: placement.workspace,
@@ -399,10 +399,17 @@ impl Containerd {
             resolv_conf: resolv_conf.as_deref(),
             cgroups_path: &cgroups_path,
             limits: placement.limits,
-        })
-        .map_err(|e| {
-            RuntimeError::caused(ErrorKind::Other, format!("writing the spec of {id}"), e)
-        })?;
+        }) {
+            Ok(spec) => spec,
+            Err(e) => {
+                self.forget_network(id).await;
+                return Err(RuntimeError::caused(
+                    ErrorKind::Other,
+                    format!("writing the spec of {id}"),
+                    e,
+                ));
+            }
+        };
         let container = Container {
             id: id.to_owned(),
             labels,
