@@ -76,7 +76,7 @@ start_dockerd() {
   rm -f "$DOCKER_SOCK"
   setsid dockerd --data-root "$NARYA_DATA_DIR/docker" --exec-root "$NARYA_RUN_DIR/docker-exec" \
     -H "unix://$DOCKER_SOCK" --pidfile "$NARYA_RUN_DIR/docker.pid" \
-    --iptables=false --ip-masq=false --bridge=none \
+    --bridge=none \
     >"$LOG_DIR/dockerd.log" 2>&1 < /dev/null &
   if wait_for 60 docker_up; then
     echo "dockerd: answering on $DOCKER_SOCK"

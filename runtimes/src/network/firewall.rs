@@ -1,6 +1,11 @@
 //! This daemon's iptables chains: written whole with `iptables-restore --noflush` (declaring a
 //! chain there empties it, so a restart refills rather than appends), with one jump into each
-//! from INPUT, FORWARD and nat POSTROUTING. Nothing else of the host's rules is touched.
+//! from INPUT, FORWARD and nat POSTROUTING. Nothing else of the host's rules is touched, but for
+//! one more jump into the forward chain from `DOCKER-USER` where a Docker Engine with its own
+//! iptables rules runs: that engine inserts its bridge rules at the top of FORWARD whenever it
+//! makes a network or starts (among them an ACCEPT of everything leaving a bridge, which would
+//! pass traffic to link-local addresses and other subnets before our chain sees it), and it
+//! promises to evaluate `DOCKER-USER` before them and never to change it.
 
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
@@ -20,7 +25,11 @@ fn chains(tag: &str) -> [(&'static str, &'static str, String); 3] {
     ]
 }
 
-/// The `iptables-restore` input; `missing_jumps` are the hooks with no jump to ours yet.
+/// The Docker Engine's chain for its users' rules, evaluated first in FORWARD (when it exists).
+const DOCKER_USER: &str = "DOCKER-USER";
+
+/// The `iptables-restore` input; `missing_jumps` are the hooks with no jump to ours yet
+/// (`DOCKER-USER` among them only where that chain exists).
 pub(super) fn rules(tag: &str, subnet: Subnet, missing_jumps: &[&str]) -> String {
     let [(_, _, input), (_, _, forward), (_, _, nat)] = chains(tag);
     let jump = |hook: &str, chain: &str| {
@@ -30,6 +39,11 @@ pub(super) fn rules(tag: &str, subnet: Subnet, missing_jumps: &[&str]) -> String
             String::new()
         }
     };
+    let forward_jumps = format!(
+        "{}{}",
+        jump("FORWARD", &forward),
+        jump(DOCKER_USER, &forward)
+    );
     format!(
         "*filter\n\
          :{input} - [0:0]\n\
@@ -46,7 +60,7 @@ pub(super) fn rules(tag: &str, subnet: Subnet, missing_jumps: &[&str]) -> String
          -A {nat} -s {subnet} ! -d {subnet} -j MASQUERADE\n\
          {}COMMIT\n",
         jump("INPUT", &input),
-        jump("FORWARD", &forward),
+        forward_jumps,
         jump("POSTROUTING", &nat),
     )
 }
@@ -88,6 +102,18 @@ async fn apply_once(tag: &str, subnet: Subnet) -> Result<()> {
             .map_err(|e| failed("running iptables (is it installed?)", e))?;
         if !checked.status.success() {
             missing.push(hook);
+        }
+    }
+    let [_, (_, _, forward), _] = chains(tag);
+    let docker_user = iptables(&["-t", "filter", "-S", DOCKER_USER])
+        .await
+        .map_err(|e| failed("running iptables", e))?;
+    if docker_user.status.success() {
+        let checked = iptables(&["-t", "filter", "-C", DOCKER_USER, "-j", &forward])
+            .await
+            .map_err(|e| failed("running iptables", e))?;
+        if !checked.status.success() {
+            missing.push(DOCKER_USER);
         }
     }
     let input = rules(tag, subnet, &missing);
@@ -139,10 +165,18 @@ pub fn remove_now(tag: &str) {
                 .output()
                 .is_ok_and(|o| o.status.success())
         };
-        // A jump added twice (by hand, or by a daemon killed between check and restore) goes too.
-        for _ in 0..8 {
-            if !iptables(&["-D", hook, "-j", &chain]) {
-                break;
+        let hooks: &[&str] = if hook == "FORWARD" {
+            &[hook, DOCKER_USER]
+        } else {
+            &[hook]
+        };
+        for hook in hooks {
+            // A jump added twice (by hand, or by a daemon killed between check and restore)
+            // goes too.
+            for _ in 0..8 {
+                if !iptables(&["-D", hook, "-j", &chain]) {
+                    break;
+                }
             }
         }
         iptables(&["-F", &chain]);
@@ -165,5 +199,14 @@ mod tests {
         assert!(text.contains("-I FORWARD 1 -j NARYA-FWD-abc\n"));
         assert!(!text.contains("-I INPUT"));
         assert!(!text.contains("-I POSTROUTING"));
+        assert!(!text.contains("-I DOCKER-USER"));
+    }
+
+    #[test]
+    fn a_docker_engines_user_chain_gets_a_jump_into_the_forward_chain() {
+        let subnet: Subnet = "10.89.0.0/16".parse().unwrap();
+        let text = rules("abc", subnet, &["DOCKER-USER"]);
+        assert!(text.contains("-I DOCKER-USER 1 -j NARYA-FWD-abc\n"));
+        assert!(!text.contains("-I FORWARD"));
     }
 }
