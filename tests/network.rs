@@ -109,6 +109,11 @@ async fn an_environment_reaches_the_outside_but_not_the_host_nor_another(backend
     };
     let scratch = tempfile::tempdir().unwrap();
     let outside = Outside::start(scratch.path()).expect("a stand-in for the internet");
+    let metadata =
+        Outside::start_link_local(scratch.path()).expect("a stand-in for a metadata service");
+    // The host itself reaches it: a drop from the environment is the firewall's doing.
+    std::net::TcpStream::connect_timeout(&metadata.addr, Duration::from_secs(5))
+        .expect("the host reaches the link-local stand-in");
     let dummy = Dummy::add();
     let loopback = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
     let on_dummy = TcpListener::bind((dummy.address, 0)).unwrap();
@@ -136,6 +141,8 @@ async fn an_environment_reaches_the_outside_but_not_the_host_nor_another(backend
     assert_eq!(status, DROPPED, "the host's own address {}", dummy.address);
     let status = connect(&client, &first, SocketAddr::from((outside.host_addr, 9))).await;
     assert_eq!(status, DROPPED, "the host's end of the outside's veth");
+    let status = connect(&client, &first, metadata.addr).await;
+    assert_eq!(status, DROPPED, "the link-local address {}", metadata.addr);
     let other = address_of(&client, &second).await;
     let status = connect(&client, &first, SocketAddr::new(other, 9)).await;
     assert_eq!(status, DROPPED, "the other environment at {other}");

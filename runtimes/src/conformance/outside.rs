@@ -100,11 +100,22 @@ fn ip(args: &[&str]) -> io::Result<()> {
 impl Outside {
     /// Makes the namespace (its file under `dir`), the veth and the listener.
     pub fn start(dir: &Path) -> io::Result<Outside> {
+        Outside::start_in(dir, Ipv4Addr::new(198, 18, 0, 0), 32768)
+    }
+
+    /// A stand-in for a link-local service such as a cloud's metadata server: the same, on a
+    /// /30 in 169.254.100.0–169.254.163.255 (clear of 169.254.169.254 itself).
+    pub fn start_link_local(dir: &Path) -> io::Result<Outside> {
+        Outside::start_in(dir, Ipv4Addr::new(169, 254, 100, 0), 4096)
+    }
+
+    /// `start` on one of `slots` /30 networks from `first`, chosen by process and call.
+    fn start_in(dir: &Path, first: Ipv4Addr, slots: u32) -> io::Result<Outside> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
-        let index = (pid.wrapping_mul(8) + n) % 32768;
-        let base = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + index * 4;
+        let index = (pid.wrapping_mul(8) + n) % slots;
+        let base = u32::from(first) + index * 4;
         let (host_addr, inner_addr) = (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2));
         let tag = format!("{:x}", pid * 16 + n % 16);
         let host_end = format!("nyo{tag}");
