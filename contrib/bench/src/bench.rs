@@ -83,6 +83,11 @@ pub struct Report {
     pub image: String,
     pub raw_create: String,
     pub create: Pair,
+    /// Create with isolated networking (`ours`) against create on the host's network (`raw`),
+    /// both through a daemon.
+    pub network_cost: Pair,
+    /// What the raw side's CNI wrapper costs alone (containerd only).
+    pub wrapper: Option<Samples>,
     pub repeat: Samples,
     pub exec: Pair,
     pub concurrent: Concurrent,
@@ -97,11 +102,14 @@ pub struct Report {
 pub struct Bench {
     plan: Plan,
     client: Client,
+    /// A second daemon's, whose machines use the host's network.
+    host_client: Client,
     raw: Raw,
     prefix: String,
     counter: AtomicUsize,
     /// What exists and must go at the end, whatever happens in between.
     ours_live: Mutex<BTreeSet<String>>,
+    host_live: Mutex<BTreeSet<String>>,
     raw_live: Mutex<BTreeSet<String>>,
 }
 
@@ -121,14 +129,22 @@ async fn timed<T>(work: impl Future<Output = Result<T>>) -> Result<(Duration, T)
 }
 
 impl Bench {
-    pub fn new(plan: Plan, client: Client, raw: Raw, prefix: String) -> Arc<Bench> {
+    pub fn new(
+        plan: Plan,
+        client: Client,
+        host_client: Client,
+        raw: Raw,
+        prefix: String,
+    ) -> Arc<Bench> {
         Arc::new(Bench {
             plan,
             client,
+            host_client,
             raw,
             prefix,
             counter: AtomicUsize::new(0),
             ours_live: Mutex::new(BTreeSet::new()),
+            host_live: Mutex::new(BTreeSet::new()),
             raw_live: Mutex::new(BTreeSet::new()),
         })
     }
@@ -149,9 +165,13 @@ impl Bench {
 
     /// `POST /v1/environments` for a new id: must answer 201 with a ready environment.
     async fn create_ours(&self, id: &str) -> Result<Value> {
-        Self::track(&self.ours_live, id, true);
-        let answer = self
-            .client
+        Self::create_on(&self.client, &self.ours_live, id).await
+    }
+
+    /// `create_ours` on the daemon of `client`, whose environments `live` tracks.
+    async fn create_on(client: &Client, live: &Mutex<BTreeSet<String>>, id: &str) -> Result<Value> {
+        Self::track(live, id, true);
+        let answer = client
             .send_json(Method::POST, "/v1/environments", &json!({ "id": id }))
             .await?;
         if answer.status != StatusCode::CREATED {
@@ -166,14 +186,18 @@ impl Bench {
     }
 
     async fn delete_ours(&self, id: &str) -> Result<()> {
-        let answer = self
-            .client
+        Self::delete_on(&self.client, &self.ours_live, id).await
+    }
+
+    /// `delete_ours` on the daemon of `client`, whose environments `live` tracks.
+    async fn delete_on(client: &Client, live: &Mutex<BTreeSet<String>>, id: &str) -> Result<()> {
+        let answer = client
             .send(Method::DELETE, &format!("/v1/environments/{id}"), None)
             .await?;
         if answer.status != StatusCode::NO_CONTENT {
             bail!("delete of {id} answered {}", describe(&answer));
         }
-        Self::track(&self.ours_live, id, false);
+        Self::track(live, id, false);
         Ok(())
     }
 
@@ -212,7 +236,13 @@ impl Bench {
         eprintln!("  warm-up");
         let warm = self.fresh_id("warm");
         let env = self.create_ours(&warm).await?;
+        // The raw side's machines get the network the daemon gave this one.
+        let network = self.raw.network_like(&warm, &daemon.state).await?;
+        self.raw.adopt(network);
         self.delete_ours(&warm).await?;
+        let warm = self.fresh_id("hwarm");
+        Self::create_on(&self.host_client, &self.host_live, &warm).await?;
+        Self::delete_on(&self.host_client, &self.host_live, &warm).await?;
         let digest = env["image_digest"]
             .as_str()
             .context("the environment names no image_digest")?
@@ -240,6 +270,37 @@ impl Bench {
             let (took, _) = timed(self.create_raw(&image, &id)).await?;
             create.raw.push(took);
             self.delete_raw(&[id]).await?;
+        }
+
+        let mut wrapper = None;
+        if self.raw.wrapper_alone().await?.is_some() {
+            let mut samples = Samples::default();
+            for _ in 0..plan.samples {
+                if let Some(took) = self.raw.wrapper_alone().await? {
+                    samples.push(took);
+                }
+            }
+            wrapper = Some(samples);
+        }
+
+        eprintln!(
+            "  create, isolated vs host network, alternating ({} samples a side)",
+            plan.samples
+        );
+        let mut network_cost = Pair {
+            ours: Samples::default(),
+            raw: Samples::default(),
+        };
+        for _ in 0..plan.samples {
+            let id = self.fresh_id("ni");
+            let (took, _) = timed(self.create_ours(&id)).await?;
+            network_cost.ours.push(took);
+            self.delete_ours(&id).await?;
+
+            let id = self.fresh_id("nh");
+            let (took, _) = timed(Self::create_on(&self.host_client, &self.host_live, &id)).await?;
+            network_cost.raw.push(took);
+            Self::delete_on(&self.host_client, &self.host_live, &id).await?;
         }
 
         eprintln!("  idempotent repeat ({} samples)", plan.repeat_samples);
@@ -374,6 +435,8 @@ impl Bench {
             raw_create: self.raw.create_command(&image, "ID"),
             image,
             create,
+            network_cost,
+            wrapper,
             repeat,
             exec,
             concurrent,
@@ -492,6 +555,16 @@ impl Bench {
 
     /// Removes whatever the run left: through the daemon while it answers, then directly.
     pub async fn sweep(self: &Arc<Self>) {
+        let host: Vec<String> = self
+            .host_live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for id in host {
+            let _ = Self::delete_on(&self.host_client, &self.host_live, &id).await;
+        }
         let ours: Vec<String> = self
             .ours_live
             .lock()

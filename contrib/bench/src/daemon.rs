@@ -27,6 +27,8 @@ pub struct Daemon {
     pub pid: u32,
     pub socket: PathBuf,
     pub log: PathBuf,
+    /// Its `state_dir`.
+    pub state: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -36,7 +38,14 @@ fn quote(s: &str) -> String {
 }
 
 impl Daemon {
-    pub async fn start(setup: &Setup<'_>, backend: Backend, token: &str) -> Result<Daemon> {
+    /// Starts a daemon whose machines get `network` (`environment.network`: "isolated",
+    /// the default, or "host"); `log_name` tells its log from another's.
+    pub async fn start(
+        setup: &Setup<'_>,
+        backend: Backend,
+        token: &str,
+        network: &str,
+    ) -> Result<Daemon> {
         let dir = tempfile::Builder::new()
             .prefix("narya-bench-")
             .tempdir()
@@ -54,8 +63,8 @@ impl Daemon {
              [runtime]\nbackend = {backend}\ncontainerd_socket = {containerd}\n\
              containerd_namespace = {namespace}\ndocker_socket = {docker}\n\n\
              [image]\nreference = {image}\n\n\
-             [environment]\ngone_retention = \"1s\"\nnetwork = \"host\"\n\n\
-              [limits]\nnofile = 1024\n",
+             [environment]\ngone_retention = \"1s\"\nnetwork = {network}\n\n\
+             [limits]\nnofile = 1024\n",
             state = quote(&state.display().to_string()),
             socket = quote(&socket.display().to_string()),
             jwks = quote(&format!("file://{}", setup.jwks.display())),
@@ -64,13 +73,14 @@ impl Daemon {
             namespace = quote(NAMESPACE),
             docker = quote(setup.docker_socket),
             image = quote(&format!("oci-layout:{}", setup.layout)),
+            network = quote(network),
         );
         let config_path = dir.path().join("naryad.toml");
         std::fs::write(&config_path, config).context("cannot write the daemon's configuration")?;
-        let log = setup
-            .log
-            .clone()
-            .unwrap_or_else(|| dir.path().join("naryad.log"));
+        let log = setup.log.as_ref().map_or_else(
+            || dir.path().join("naryad.log"),
+            |base| base.with_extension(format!("{network}.log")),
+        );
         let log_file = std::fs::File::create(&log)
             .with_context(|| format!("cannot create the daemon's log {}", log.display()))?;
         let child = Command::new(setup.naryad)
@@ -88,6 +98,7 @@ impl Daemon {
             pid,
             socket,
             log,
+            state,
             _dir: dir,
         };
         daemon.wait_ready(token).await?;

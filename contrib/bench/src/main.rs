@@ -58,7 +58,7 @@ struct Args {
     /// Only this back end (repeatable); default: containerd and docker.
     #[arg(long = "backend", value_enum, value_name = "BACKEND")]
     backends: Vec<Backend>,
-    /// Keep each daemon's stderr as DIR/naryad-BACKEND.log (RUST_LOG filters it).
+    /// Keep each daemon's stderr as DIR/naryad-BACKEND.NETWORK.log (RUST_LOG filters it).
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
 }
@@ -306,7 +306,7 @@ async fn run(args: Args) -> Result<bool> {
     let mut interrupted = false;
     for (backend, socket) in backends.into_iter().zip(sockets) {
         eprintln!("== {}", backend.name());
-        let raw = Raw::new(backend, &socket, true);
+        let raw = Raw::new(backend, &socket);
         let runtime_version = raw.version().await;
         let setup = Setup {
             naryad: &naryad,
@@ -319,11 +319,29 @@ async fn run(args: Args) -> Result<bool> {
                 .as_ref()
                 .map(|d| d.join(format!("naryad-{}.log", backend.name()))),
         };
-        let result = match Daemon::start(&setup, backend, &token).await {
+        // The daemon measured throughout isolates its machines (the default); a second one, on
+        // the host's network, shows what that costs.
+        let daemons = match Daemon::start(&setup, backend, &token, "isolated").await {
+            Ok(isolated) => match Daemon::start(&setup, backend, &token, "host").await {
+                Ok(host) => Ok((isolated, host)),
+                Err(e) => {
+                    let _ = isolated.stop().await;
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
+        let result = match daemons {
             Err(e) => Err(format!("{e:#}")),
-            Ok(daemon) => {
+            Ok((daemon, host)) => {
                 let prefix = format!("nb{}{}-", std::process::id(), &backend.name()[..1]);
-                let bench = Bench::new(plan.clone(), daemon.client(&token), raw, prefix);
+                let bench = Bench::new(
+                    plan.clone(),
+                    daemon.client(&token),
+                    host.client(&token),
+                    raw,
+                    prefix,
+                );
                 // Ctrl-C stops the measuring, yet what was made still goes.
                 let measured = tokio::select! {
                     measured = bench.run(&daemon) => measured,
@@ -336,7 +354,7 @@ async fn run(args: Args) -> Result<bool> {
                 let measured = measured.map_err(|e| {
                     format!("{e:#}\nthe daemon's last log lines:\n{}", daemon.log_tail())
                 });
-                let stopped = daemon.stop().await;
+                let stopped = daemon.stop().await.and(host.stop().await);
                 match (measured, stopped) {
                     (Ok(report), Ok(())) => Ok(report),
                     (Err(e), _) => Err(e),

@@ -2,10 +2,13 @@
 //! daemon is measured against.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -66,17 +69,81 @@ impl std::fmt::Display for Hung {
 
 impl std::error::Error for Hung {}
 
+/// The network the raw side's machines get: the same as the daemon's.
+pub enum RawNetwork {
+    /// The host's (`--net-host`, `--network host`).
+    Host,
+    /// containerd: `ctr run --cni` with the daemon's own CNI network list. `ctr` reads its
+    /// configuration only from `/etc/cni/net.d`, so `ctr run` runs in a private mount namespace
+    /// where that directory is this one, holding a copy of the list the daemon wrote. `ctr`
+    /// 1.6 never releases what `run --cni` took (1.7's `task rm` does): the removal calls the
+    /// plugins' DEL itself, as 1.7 would, untimed like every removal.
+    Cni(tempfile::TempDir),
+    /// Docker: the daemon's bridge network, by name.
+    Bridge(String),
+}
+
+/// Where Debian's `containernetworking-plugins` puts the plugins (`ctr` looks there too).
+const CNI_PLUGINS: &str = "/usr/lib/cni";
+
+/// Releases what `ctr run --cni` took for machines `ids` (CNI DEL of the network list in `dir`,
+/// as `ctr` 1.7's `task rm` does): their addresses, and whatever of the interface is left.
+async fn release_addresses(dir: &Path, ids: &[&str]) -> Result<()> {
+    let path = dir.join("10-narya-bench.conflist");
+    let text = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let list: serde_json::Value =
+        serde_json::from_slice(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let plugins = list["plugins"].as_array().cloned().unwrap_or_default();
+    for id in ids {
+        // In reverse order, as CNI deletes a list.
+        for plugin in plugins.iter().rev() {
+            let mut conf = plugin.clone();
+            conf["name"] = list["name"].clone();
+            conf["cniVersion"] = list["cniVersion"].clone();
+            let kind = conf["type"].as_str().unwrap_or_default().to_owned();
+            let mut child = Command::new(Path::new(CNI_PLUGINS).join(&kind))
+                .env("CNI_COMMAND", "DEL")
+                // `ctr` names a machine to CNI as NAMESPACE-ID.
+                .env("CNI_CONTAINERID", format!("{NAMESPACE}-{id}"))
+                .env("CNI_NETNS", "")
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_PATH", CNI_PLUGINS)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("cannot run the CNI plugin {kind}"))?;
+            if let Some(mut stdin) = child.stdin.take() {
+                stdin.write_all(conf.to_string().as_bytes()).await?;
+            }
+            let out = child.wait_with_output().await?;
+            if !out.status.success() {
+                bail!(
+                    "CNI DEL of {id} by {kind} failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout).trim()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The wrapper that shows `ctr` a directory of the benchmark's as `/etc/cni/net.d`: `$0` is
+/// that directory, the rest the command.
+const CNI_WRAPPER: &str = "mount --bind \"$0\" /etc/cni/net.d && exec \"$@\"";
+
 pub struct Raw {
     pub backend: Backend,
     program: &'static str,
     base: Vec<String>,
-    /// The daemon runs machines on the host's network (the bench sets `environment.network =
-    /// "host"`); the raw side does the same.
-    host_network: bool,
+    /// Set once the daemon's network is known (after its first create).
+    network: OnceLock<RawNetwork>,
 }
 
 impl Raw {
-    pub fn new(backend: Backend, socket: &str, host_network: bool) -> Raw {
+    pub fn new(backend: Backend, socket: &str) -> Raw {
         let (program, base) = match backend {
             Backend::Containerd => (
                 "ctr",
@@ -93,8 +160,38 @@ impl Raw {
             backend,
             program,
             base,
-            host_network,
+            network: OnceLock::new(),
         }
+    }
+
+    /// Gives the raw side's machines `network` from now on; the first call wins.
+    pub fn adopt(&self, network: RawNetwork) {
+        let _ = self.network.set(network);
+    }
+
+    /// The CNI directory `ctr run` and `ctr task rm` must see, when there is one.
+    fn cni_dir(&self) -> Option<&Path> {
+        match self.network.get() {
+            Some(RawNetwork::Cni(dir)) => Some(dir.path()),
+            _ => None,
+        }
+    }
+
+    /// The client with `args`; with `cni`, inside the wrapper that shows it the CNI directory.
+    fn command(&self, args: &[&str], cni: bool) -> Command {
+        let mut command = match self.cni_dir().filter(|_| cni) {
+            Some(dir) => {
+                let mut c = Command::new("unshare");
+                c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+                    .arg(CNI_WRAPPER)
+                    .arg(dir)
+                    .arg(self.program);
+                c
+            }
+            None => Command::new(self.program),
+        };
+        command.args(&self.base).args(args);
+        command
     }
 
     /// Runs the client with `args`; its stdout, or an error naming the command and its stderr.
@@ -104,9 +201,13 @@ impl Raw {
 
     /// `run`, the client killed if it has not finished within `limit`.
     async fn run_within(&self, args: &[&str], limit: Duration) -> Result<String> {
-        let running = Command::new(self.program)
-            .args(&self.base)
-            .args(args)
+        self.run_as(args, limit, false).await
+    }
+
+    /// `run_within`; with `cni`, `ctr` sees the daemon's CNI network list.
+    async fn run_as(&self, args: &[&str], limit: Duration, cni: bool) -> Result<String> {
+        let running = self
+            .command(args, cni)
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output();
@@ -133,24 +234,32 @@ impl Raw {
     /// The command line a create runs, for the report.
     pub fn create_command(&self, image: &str, id: &str) -> String {
         let args = self.create_args(image, id);
+        let wrapper = match self.cni_dir() {
+            Some(_) => {
+                format!("unshare --mount --propagation private -- sh -c '{CNI_WRAPPER}' DIR ")
+            }
+            None => String::new(),
+        };
         format!(
-            "{} {} {}",
+            "{wrapper}{} {} {}",
             self.program,
             self.base.join(" "),
             args.join(" ")
         )
     }
 
-    fn create_args<'a>(&self, image: &'a str, id: &'a str) -> Vec<&'a str> {
+    fn create_args<'a>(&'a self, image: &'a str, id: &'a str) -> Vec<&'a str> {
         let mut args = match self.backend {
             Backend::Containerd => vec!["run", "-d", "--null-io"],
             Backend::Docker => vec!["run", "-d", "--name", id],
         };
-        if self.host_network {
-            args.extend(match self.backend {
-                Backend::Containerd => ["--net-host"].as_slice(),
-                Backend::Docker => ["--network", "host"].as_slice(),
-            });
+        match (self.network.get(), self.backend) {
+            (None | Some(RawNetwork::Host), Backend::Containerd) => args.push("--net-host"),
+            (None | Some(RawNetwork::Host), Backend::Docker) => {
+                args.extend(["--network", "host"]);
+            }
+            (Some(RawNetwork::Cni(_)), _) => args.push("--cni"),
+            (Some(RawNetwork::Bridge(name)), _) => args.extend(["--network", name.as_str()]),
         }
         args.push(image);
         if self.backend == Backend::Containerd {
@@ -162,7 +271,9 @@ impl Raw {
 
     /// Starts a machine `id` of `image` whose main process keeps running.
     pub async fn create(&self, image: &str, id: &str) -> Result<()> {
-        self.run(&self.create_args(image, id)).await.map(|_| ())
+        self.run_as(&self.create_args(image, id), COMMAND_LIMIT, true)
+            .await
+            .map(|_| ())
     }
 
     /// Removes the machines `ids`, running or not.
@@ -195,7 +306,11 @@ impl Raw {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     containers = self.run(&container).await;
                 }
-                tasks.and(containers).map(|_| ())
+                let released = match self.cni_dir() {
+                    Some(dir) => release_addresses(dir, &ids).await,
+                    None => Ok(()),
+                };
+                tasks.and(containers).and(released).map(|_| ())
             }
             Backend::Docker => {
                 let mut args = vec!["rm", "-f"];
@@ -360,6 +475,80 @@ impl Raw {
                 },
             )
             .collect())
+    }
+
+    /// The network the daemon gave environment `environment`'s machine, for the raw side to
+    /// use too: on containerd its CNI network list (written under `state_dir/net`), on Docker
+    /// the network the machine joined.
+    pub async fn network_like(&self, environment: &str, state_dir: &Path) -> Result<RawNetwork> {
+        match self.backend {
+            Backend::Containerd => {
+                let net = state_dir.join("net");
+                let lists: Vec<_> = match std::fs::read_dir(&net) {
+                    Ok(entries) => entries
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|p| p.extension().is_some_and(|x| x == "conflist"))
+                        .collect(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                    Err(e) => return Err(e).context(format!("cannot read {}", net.display())),
+                };
+                match lists.as_slice() {
+                    [] => Ok(RawNetwork::Host),
+                    [list] => {
+                        let dir = tempfile::Builder::new()
+                            .prefix("narya-bench-cni-")
+                            .tempdir()
+                            .context("cannot make the raw side's CNI directory")?;
+                        std::fs::copy(list, dir.path().join("10-narya-bench.conflist"))
+                            .with_context(|| format!("cannot copy {}", list.display()))?;
+                        if !Path::new("/etc/cni/net.d").is_dir() {
+                            // Only the mount point: what `ctr` reads there is the bench's.
+                            std::fs::create_dir_all("/etc/cni/net.d")
+                                .context("cannot make /etc/cni/net.d to mount over")?;
+                        }
+                        Ok(RawNetwork::Cni(dir))
+                    }
+                    _ => bail!(
+                        "{} holds {} network lists, not one",
+                        net.display(),
+                        lists.len()
+                    ),
+                }
+            }
+            Backend::Docker => {
+                let machine = self.machine_of(environment).await?;
+                let format = "{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}";
+                let out = self.run(&["inspect", "--format", format, &machine]).await?;
+                match out.split_whitespace().collect::<Vec<_>>().as_slice() {
+                    ["host"] => Ok(RawNetwork::Host),
+                    [name] => Ok(RawNetwork::Bridge((*name).to_owned())),
+                    names => bail!("machine {machine} is on {names:?}, not on one network"),
+                }
+            }
+        }
+    }
+
+    /// What the CNI wrapper alone costs: one run of it around `true`. `None` without CNI.
+    pub async fn wrapper_alone(&self) -> Result<Option<Duration>> {
+        let Some(dir) = self.cni_dir() else {
+            return Ok(None);
+        };
+        let start = std::time::Instant::now();
+        let status = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(CNI_WRAPPER)
+            .arg(dir)
+            .arg("true")
+            .stdin(Stdio::null())
+            .status()
+            .await
+            .context("cannot run unshare")?;
+        let took = start.elapsed();
+        if !status.success() {
+            bail!("the CNI wrapper around `true` failed ({status})");
+        }
+        Ok(Some(took))
     }
 
     /// The local name of the image the daemon pinned to `digest` (`sha256:…`).

@@ -269,12 +269,20 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
         };
         let _ = writeln!(
             t,
-            "| {name} | create, no setup, image local ({} a side) | {} | {} | {:.2}× | ≤ {CREATE_RATIO:.2}× | {} |",
+            "| {name} | create, no setup, image local, isolated network ({} a side) | {} | {} | {:.2}× | ≤ {CREATE_RATIO:.2}× | {} |",
             r.create.ours.len(),
             spread(&r.create.ours),
             spread(&r.create.raw),
             r.create.ratio(),
             verdict(b, 0)
+        );
+        let _ = writeln!(
+            t,
+            "| {name} | create, `network = \"isolated\"` (narya column) vs `\"host\"` (raw column, a second daemon) ({} a side) | {} | {} | {:.2}× | none: the cost of isolation, shown | — |",
+            r.network_cost.ours.len(),
+            spread(&r.network_cost.ours),
+            spread(&r.network_cost.raw),
+            r.network_cost.ratio(),
         );
         let _ = writeln!(
             t,
@@ -488,8 +496,10 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          containerd namespace `narya-bench`, the official image from its OCI layout, \
          `environment.gone_retention = \"1s\"` (the run deletes hundreds of environments before \
          it lists the ones it keeps; with the default day they would stay listed as `gone`), \
-         every other key at its default (so machines use the host's network). Requests go over the unix \
-         socket, one fresh connection each, from the benchmark process.\n\
+         `limits.nofile = 1024`, every other key at its default: machines get isolated \
+         networking (`environment.network = \"isolated\"`). A second daemon, configured the same \
+         but with `network = \"host\"`, serves only the isolated-vs-host row. Requests go over \
+         the unix socket, one fresh connection each, from the benchmark process.\n\
          - Warm-up before any timing: one create and delete through the daemon (which loads the \
          image into the runtime) and one raw create and removal.\n\
          - The raw side is the runtime's own command-line client, started afresh for every \
@@ -502,8 +512,18 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          so drift cancels; the ratio is median(narya) / median(raw). Removal is never timed.\n\
          - **create**: `POST /v1/environments {\"id\": fresh}` until `201` with a `ready` \
          environment, vs the raw client starting the same image with tini and `sleep infinity` \
-         as its running process, on the host's network like the daemon's machines (commands \
-         below).\n\
+         as its running process, on the same network as the daemon's machines (commands \
+         below): on containerd `ctr run --cni` with the network list the daemon wrote (the \
+         `ptp` and `host-local` plugins, the same subnet, address pool and firewall chains; the \
+         daemon also brings up `lo` with the `loopback` plugin, which `ctr` does not). `ctr` \
+         reads CNI configuration only from `/etc/cni/net.d`, so its `run` runs in a private \
+         mount namespace where that directory holds a copy of the daemon's list; that \
+         wrapper's own cost is measured alone and given below, and counts on the raw side. \
+         `ctr` 1.6 never releases what `run --cni` took, so the untimed removal calls the \
+         plugins' DEL itself (as `ctr` 1.7's `task rm` does). \
+         On Docker, `docker run --network` the daemon's own bridge network.\n\
+         - **isolated vs host**: the same create through two daemons alternately, one giving \
+         machines isolated networking and one the host's; the ratio is the cost of isolation.\n\
          - **idempotent repeat**: `POST` of an already recorded create (`200`), each with its \
          token verified.\n\
          - **concurrent**: all creates started at once; wall time until the last answers; \
@@ -542,9 +562,17 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
     d.push_str("Raw commands:\n\n");
     for outcome in outcomes {
         if let Ok(r) = &outcome.result {
+            let wrapper = match &r.wrapper {
+                Some(w) => format!(
+                    "; the wrapper alone, around `true`: {} ({} samples)",
+                    spread(w),
+                    w.len()
+                ),
+                None => String::new(),
+            };
             let _ = writeln!(
                 d,
-                "- {}: `{}` (image `{}`)",
+                "- {}: `{}` (image `{}`){wrapper}",
                 outcome.backend.name(),
                 r.raw_create,
                 r.image
