@@ -129,12 +129,9 @@ driver = "overlay"
 graphroot = "$NARYA_DATA_DIR/podman/storage"
 runroot = "$NARYA_RUN_DIR/podman-run"
 CONF
-  # cgroupfs: no systemd runs here. A private cgroup namespace for every container: Podman's
-  # Docker-compatible API ignores the CgroupnsMode a create asks for, so it is the default here.
+  # cgroupfs: no systemd runs here. No `cgroupns`: naryad asks each container's private cgroup
+  # namespace itself (Podman reads the setting only on cgroup v2, where private is its default).
   cat > "$PODMAN_CONF/containers.conf" <<CONF
-[containers]
-cgroupns = "private"
-
 [engine]
 cgroup_manager = "cgroupfs"
 events_logger = "file"

@@ -50,6 +50,11 @@ impl Engine {
         })
     }
 
+    /// The engine's unix socket, for the requests the client does not make.
+    pub(super) fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// Whether the engine is Podman (which reads some options differently).
     pub(super) async fn is_podman(&self) -> Result<bool> {
         self.client().await?;

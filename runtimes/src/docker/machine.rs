@@ -465,19 +465,27 @@ impl Docker {
         digest: &Digest,
         body: ContainerCreateBody,
     ) -> Result<String> {
-        let options = CreateContainerOptions {
-            name: Some(name.to_owned()),
-            platform: String::new(),
+        let created = if self.engine.is_podman().await? {
+            // Through Podman's own API: its compatible create drops the cgroup namespace.
+            super::libpod::create(self.engine.socket(), name, &body).await
+        } else {
+            let options = CreateContainerOptions {
+                name: Some(name.to_owned()),
+                platform: String::new(),
+            };
+            client
+                .create_container(Some(options), body)
+                .await
+                .map(|created| created.id)
+                .map_err(|e| classify(&format!("creating container {name}"), e))
         };
-        match client.create_container(Some(options), body).await {
-            Ok(created) => Ok(created.id),
-            Err(e) => match classify(&format!("creating container {name}"), e) {
-                e if e.kind() == ErrorKind::NotFound => {
-                    self.images.lock().await.remove(digest);
-                    Err(e.into_kind(ErrorKind::Image))
-                }
-                other => Err(other),
-            },
+        match created {
+            Ok(id) => Ok(id),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                self.images.lock().await.remove(digest);
+                Err(e.into_kind(ErrorKind::Image))
+            }
+            Err(other) => Err(other),
         }
     }
 

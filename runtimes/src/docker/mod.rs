@@ -3,6 +3,7 @@
 mod engine;
 mod exec;
 mod image;
+mod libpod;
 mod machine;
 mod network;
 mod podman;

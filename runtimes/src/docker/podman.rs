@@ -1,4 +1,5 @@
-//! What Podman's Docker-compatible service does differently, worked around in one place.
+//! Podman's Docker-compatible service and its events, worked around in one place (its containers
+//! are made through its own API: `libpod`).
 //!
 //! Podman 4.3 writes its events (to its events file) but its `/events` stream delivers none of
 //! them, so on Podman changes to machines are found by listing: every [`POLL`], the Narya
