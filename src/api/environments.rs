@@ -15,7 +15,7 @@ use crate::environments::{CreateRequest, ExecRequest};
 #[utoipa::path(post, path = "/v1/environments", tag = "environments",
     request_body = CreateBody,
     responses(
-        (status = 201, description = "Provisioned now. With Accept: application/x-ndjson: step events, clone/setup output chunks, then {\"environment\": …}", body = EnvironmentView),
+        (status = 201, description = "Provisioned now. With Accept: application/x-ndjson: step events, clone/setup output chunks, then {\"environment\": …}; a stream the host cuts short (it is shutting down) ends with {\"error\": {\"code\": \"NRY-0099\", …}} instead", body = EnvironmentView),
         (status = 200, description = "It already existed; nothing was provisioned and no setup ran, whatever this request's setup or repository (streamed: a repeat joining a create in flight sees its events from then on, and answers its outcome)", body = EnvironmentView,
             headers(("Narya-Create-Differs" = String, description = "Present when this request's setup or repository differ from the existing environment's: `setup`, `repository` or `setup, repository`. Nothing of the request was applied."))),
         (status = 400, description = "NRY-0020..0023: the body breaks a rule", body = ErrorBody),
@@ -107,7 +107,7 @@ pub async fn delete(
     params(("id" = String, Path, description = "The environment's identifier")),
     request_body = ExecBody,
     responses(
-        (status = 200, description = "JSON result, or an NDJSON stream with Accept: application/x-ndjson", body = ExecResult),
+        (status = 200, description = "JSON result, or an NDJSON stream with Accept: application/x-ndjson (a stream the host cuts short, because it is shutting down, ends with {\"error\": {\"code\": \"NRY-0099\", …}} and the command is killed)", body = ExecResult),
         (status = 400, description = "NRY-0020/0021", body = ErrorBody),
         (status = 401, description = "NRY-0011", body = ErrorBody),
         (status = 404, description = "NRY-0030", body = ErrorBody),
