@@ -521,7 +521,11 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          wrapper's own cost is measured alone and given below, and counts on the raw side. \
          `ctr` 1.6 never releases what `run --cni` took, so the untimed removal calls the \
          plugins' DEL itself (as `ctr` 1.7's `task rm` does). \
-         On Docker, `docker run --network` the daemon's own bridge network.\n\
+         On Docker, `docker run --network` the daemon's own bridge network. The daemon's \
+         machines carry a seccomp filter like the Docker Engine's default: `docker run` applies \
+         that default by itself, `ctr run` with `--seccomp` (containerd's default profile), so \
+         that both sides pay for loading a filter into every process runc starts (about 20 ms \
+         an exec here).\n\
          - **isolated vs host**: the same create through two daemons alternately, one giving \
          machines isolated networking and one the host's; the ratio is the cost of isolation.\n\
          - **idempotent repeat**: `POST` of an already recorded create (`200`), each with its \
