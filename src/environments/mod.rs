@@ -172,6 +172,7 @@ impl Environments {
             user: self.config.environment.user,
             network: self.config.environment.network,
             limits: self.config.limits.limits(),
+            pool: None,
             labels: BTreeMap::new(),
         }
     }

@@ -140,6 +140,7 @@ impl Host {
                 organisation: Some("acme".to_owned()),
                 digest: Some(digest.clone()),
                 state,
+                pool: None,
             });
         }
     }
