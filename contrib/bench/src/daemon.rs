@@ -55,6 +55,7 @@ impl Daemon {
         // Deleted environments are forgotten at once, not after a day: the run deletes hundreds
         // before it lists the environments it keeps, and the list is measured at its size.
         // `nofile` stays within any CI host's hard limit (the default 65536 is refused above it).
+        // No pool: the rows measure a create that starts its machine.
         let config = format!(
             "state_dir = {state}\n\n\
              [listen]\nsocket = {socket}\n\n\
@@ -64,7 +65,8 @@ impl Daemon {
              containerd_namespace = {namespace}\ndocker_socket = {docker}\n\n\
              [image]\nreference = {image}\n\n\
              [environment]\ngone_retention = \"1s\"\nnetwork = {network}\n\n\
-             [limits]\nnofile = 1024\n",
+             [limits]\nnofile = 1024\n\n\
+             [pool]\nsize = 0\n",
             state = quote(&state.display().to_string()),
             socket = quote(&socket.display().to_string()),
             jwks = quote(&format!("file://{}", setup.jwks.display())),
