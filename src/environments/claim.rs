@@ -19,9 +19,19 @@ impl Environments {
         while let Some(pooled) = self.pool.take() {
             match self.runtime.inspect(&pooled.name).await {
                 Ok(MachineState::Running) => return Some(pooled),
-                state => {
+                Ok(state) => {
                     tracing::info!(machine = %pooled.name, ?state, "a pool machine is not running; not serving it");
                     self.discard_pooled(&pooled.name).await;
+                }
+                // The runtime cannot say: the machine stays pooled (the pool looks at it again)
+                // and this create goes the usual way, which meets the runtime's answer itself.
+                Err(e) => {
+                    tracing::debug!(machine = %pooled.name, error = %e, "cannot look at a pool machine");
+                    let name = pooled.name.clone();
+                    if !self.pool.put_back(pooled) {
+                        self.discard_pooled(&name).await;
+                    }
+                    return None;
                 }
             }
         }

@@ -218,7 +218,8 @@ impl Environments {
     }
 
     /// How many started machines wait in the pool to be claimed.
-    pub fn pooled(&self) -> usize {
+    #[cfg(test)]
+    fn pooled(&self) -> usize {
         self.pool.len()
     }
 }

@@ -129,6 +129,17 @@ impl Pool {
         taken
     }
 
+    /// Returns `pooled`, taken but not served, to the front of the pool, unless the image
+    /// moved on meanwhile; whether it went back.
+    pub(super) fn put_back(&self, pooled: Pooled) -> bool {
+        let mut ready = self.lock();
+        if ready.image.as_ref().map(|i| &i.digest) != Some(&pooled.image.digest) {
+            return false;
+        }
+        ready.machines.push_front(pooled.name);
+        true
+    }
+
     /// Takes `name` out of the pool if it is still there; whether it was.
     fn forget(&self, name: &str) -> bool {
         let mut ready = self.lock();
@@ -138,6 +149,7 @@ impl Pool {
     }
 
     /// How many machines are waiting to be claimed.
+    #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.lock().machines.len()
     }

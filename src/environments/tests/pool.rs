@@ -359,3 +359,15 @@ async fn a_pool_of_size_zero_removes_what_an_earlier_configuration_left() {
         .unwrap();
     assert!(!created.record().machine.starts_with("narya-pool-"));
 }
+
+#[tokio::test]
+async fn a_pool_machine_the_runtime_cannot_look_at_stays_pooled_and_the_create_goes_the_usual_way()
+{
+    let host = pooled_host(1).await;
+    host.fake.fail_next(Op::Inspect, ErrorKind::Unavailable);
+    let created = host.create("demo", None).await;
+    assert!(!created.record().machine.starts_with("narya-pool-"));
+    assert_eq!(host.environments.pooled(), 1, "still pooled");
+    let next = host.create("next", None).await;
+    assert!(next.record().machine.starts_with("narya-pool-"));
+}
