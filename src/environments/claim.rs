@@ -2,6 +2,8 @@
 //! bound to it, so that no machine starts while the caller waits. Only creates without a
 //! repository claim one (a clone must be done before the environment's machine exists).
 
+use std::sync::Arc;
+
 use narya_runtimes::MachineState;
 use tokio::sync::broadcast;
 
@@ -41,12 +43,12 @@ impl Environments {
     /// The create flow for an identifier nobody holds, on pool machine `pooled`.
     ///
     /// Without setup, the row goes into the store recorded and `ready`, naming the machine, in
-    /// one write, before the machine is bound: a daemon that dies at any point leaves either no
-    /// environment (and the machine, still pooled, is found again) or one recorded with that
-    /// machine, whose binding the next start finishes. With setup, the row is unrecorded while
-    /// the setup runs, as in any create.
+    /// one write, before the machine is bound (its workspace moved; its labels right after the
+    /// answer): a daemon that dies at any point leaves either no environment (and the machine,
+    /// still pooled, is found again) or one recorded with that machine, whose binding the next
+    /// start finishes. With setup, the row is unrecorded while the setup runs, as in any create.
     pub(super) async fn provision_pooled(
-        &self,
+        self: &Arc<Self>,
         principal: &Principal,
         request: &CreateRequest,
         pooled: Pooled,
@@ -84,12 +86,13 @@ impl Environments {
             return Err(e.into());
         }
         if setup_less {
-            let bound = self.bind_pooled(&row).await;
+            let moved = self.move_pool_workspace(&row.machine, &row.id);
             self.metrics
-                .create_ended(bound.as_ref().ok().map(|()| row.status));
-            return match bound {
+                .create_ended(moved.as_ref().ok().map(|()| row.status));
+            return match moved {
                 Ok(()) => {
                     tracing::info!("environment recorded on a pool machine");
+                    self.label_claimed_later(&row);
                     Ok(row)
                 }
                 Err(e) => {
@@ -126,7 +129,7 @@ impl Environments {
                 Ok(row)
             }
             Err(e) => {
-                let shared = std::sync::Arc::new(e);
+                let shared = Arc::new(e);
                 in_flight.land(Err(shared.clone()));
                 Err(EnvironmentError::unshare(shared))
             }

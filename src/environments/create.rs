@@ -116,7 +116,7 @@ impl Environments {
     }
 
     async fn create_serialised(
-        &self,
+        self: &Arc<Self>,
         principal: Principal,
         request: CreateRequest,
         announce: Option<Announce>,
@@ -251,7 +251,7 @@ impl Environments {
 
     /// The create flow proper, for an identifier nobody holds: pin, record, make, set up, record.
     async fn provision(
-        &self,
+        self: &Arc<Self>,
         principal: &Principal,
         request: &CreateRequest,
         announce: Option<Announce>,
@@ -375,8 +375,11 @@ impl Environments {
                 .await?;
             let _ = events.send(Progress::started("machine"));
             let spec = self.machine_spec(row, pinned, workspace);
+            // The pool waits while creates start machines: it never competes with one.
+            let starting = self.pool.starting();
             let machine = self.runtime.create_machine(&spec);
             self.metrics.create_step("machine", machine).await?;
+            drop(starting);
             let _ = events.send(Progress::finished("machine"));
             tracing::info!("machine started");
             match &request.setup {

@@ -207,14 +207,15 @@ impl Environments {
         Ok(dir)
     }
 
-    /// Removes `row`'s workspace (and the link to it a pool machine left); one already gone
-    /// is fine.
+    /// Removes `row`'s workspace (and what `.pool` holds for its machine, when that was a
+    /// pool machine); one already gone is fine.
     fn remove_workspace(&self, row: &EnvironmentRecord) -> std::io::Result<()> {
-        match std::fs::remove_dir_all(self.workspace(&row.id)) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            done => done?,
-        }
-        self.remove_pool_link(&row.machine)
+        let removed = match std::fs::remove_dir_all(self.workspace(&row.id)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            done => done,
+        };
+        let entry = self.remove_pool_entry(&row.machine);
+        removed.and(entry)
     }
 
     /// How many started machines wait in the pool to be claimed.

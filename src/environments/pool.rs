@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,19 @@ pub(super) struct Pool {
     configuration: String,
     ready: Mutex<Ready>,
     wake: tokio::sync::Notify,
+    /// Creates starting a machine of their own right now: the pool makes none meanwhile.
+    starting: AtomicUsize,
+}
+
+/// A create starting a machine of its own, counted while it lives.
+pub(super) struct Starting<'a>(&'a Pool);
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        if self.0.starting.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.wake.notify_one();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -82,6 +95,7 @@ impl Pool {
             configuration,
             ready: Mutex::new(Ready::default()),
             wake: tokio::sync::Notify::new(),
+            starting: AtomicUsize::new(0),
         }
     }
 
@@ -127,6 +141,13 @@ impl Pool {
             self.wake.notify_one();
         }
         taken
+    }
+
+    /// Counts a create starting its own machine until the returned guard goes; the pool
+    /// resumes when none is left.
+    pub(super) fn starting(&self) -> Starting<'_> {
+        self.starting.fetch_add(1, Ordering::AcqRel);
+        Starting(self)
     }
 
     /// Returns `pooled`, taken but not served, to the front of the pool, unless the image
@@ -305,10 +326,15 @@ impl Environments {
         }
     }
 
-    /// Starts machines until the pool holds `size`, one at a time (creates in flight share
-    /// the host with it). A machine made for a digest that changed meanwhile is removed.
+    /// Starts machines until the pool holds `size`, one at a time, and none while a create
+    /// starts a machine of its own (a burst larger than the pool is served first; the pool is
+    /// woken when the last of them has its machine). A machine made for a digest that changed
+    /// meanwhile is removed.
     pub(super) async fn fill_pool(&self) -> Result<(), EnvironmentError> {
         loop {
+            if self.pool.starting.load(Ordering::Acquire) > 0 {
+                return Ok(());
+            }
             let image = {
                 let ready = self.pool.lock();
                 match &ready.image {
@@ -381,10 +407,42 @@ impl Environments {
         Ok(())
     }
 
+    /// Labels the machine `row` claimed as `row`'s once its create has answered (containerd's
+    /// label update is a write to its database, the slowest part of a claim). The store
+    /// already says whose the machine is; the labels follow within milliseconds, under the
+    /// environment's lock, so a delete or repeat that comes first acts on the store's truth.
+    /// A failure is left to the next start, which finishes every claim the store names.
+    pub(super) fn label_claimed_later(self: &Arc<Self>, row: &EnvironmentRecord) {
+        let this = self.clone();
+        let (id, organisation, machine) = (
+            row.id.clone(),
+            row.organisation.clone(),
+            row.machine.clone(),
+        );
+        let span = tracing::info_span!("label", environment.id = %id, organisation = %organisation);
+        let label = async move {
+            let _guard = this.locks.lock(&id).await;
+            match this.store.get(&organisation, &id).await {
+                Ok(Some(row)) if row.deleted_at.is_none() && row.machine == machine => {}
+                // Deleted (or made anew) meanwhile: nothing of this claim to label.
+                _ => return,
+            }
+            if let Err(e) = this
+                .runtime
+                .claim(&machine, id.as_str(), &organisation)
+                .await
+            {
+                tracing::warn!(machine = %machine, error = %e, "cannot label a claimed pool machine; the next start does");
+            }
+        };
+        self.tasks
+            .spawn(tracing::Instrument::instrument(label, span));
+    }
+
     /// Moves pool machine `machine`'s workspace to environment `id`'s place and links the old
     /// path to it. The machine keeps its mount (a rename keeps the directory); a later start of
     /// the machine mounts through the link.
-    fn move_pool_workspace(
+    pub(super) fn move_pool_workspace(
         &self,
         machine: &str,
         id: &EnvironmentId,
@@ -411,15 +469,18 @@ impl Environments {
         moved().map_err(|source| EnvironmentError::Workspace { path: from, source })
     }
 
-    /// The link a claimed pool machine left, if `machine` is one; gone with its environment.
-    pub(super) fn remove_pool_link(&self, machine: &str) -> std::io::Result<()> {
+    /// What `.pool` holds for `machine`, if it is a pool machine: the link a claim left, or
+    /// the workspace a claim taken back never moved. Gone with its environment.
+    pub(super) fn remove_pool_entry(&self, machine: &str) -> std::io::Result<()> {
         if !machine.starts_with(NAME_PREFIX) {
             return Ok(());
         }
-        let link = self.pool_workspace(machine);
-        match std::fs::symlink_metadata(&link) {
-            Ok(meta) if meta.file_type().is_symlink() => std::fs::remove_file(&link),
-            _ => Ok(()),
+        let entry = self.pool_workspace(machine);
+        match std::fs::symlink_metadata(&entry) {
+            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&entry),
+            Ok(_) => std::fs::remove_file(&entry),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
         }
     }
 

@@ -28,6 +28,17 @@ fn pool_machines(host: &Host) -> Vec<MachineInfo> {
         .collect()
 }
 
+/// The machine labelled as `id`'s, once the label that follows a claim's answer is there.
+async fn labelled(host: &Host, id: &str) -> MachineInfo {
+    for _ in 0..2000 {
+        if let Some(machine) = host.machine(id) {
+            return machine;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    panic!("no machine labelled {id}: {:?}", host.fake.machines());
+}
+
 fn pool_link(host: &Host, machine: &str) -> std::path::PathBuf {
     host.config.workspaces_dir().join(".pool").join(machine)
 }
@@ -71,7 +82,7 @@ async fn a_setup_less_create_claims_a_started_machine_and_starts_none() {
         made,
         "no machine started"
     );
-    let machine = host.machine("demo").expect("labelled as demo's");
+    let machine = labelled(&host, "demo").await;
     assert_eq!(machine.id, first);
     assert_eq!(machine.organisation.as_deref(), Some("acme"));
     assert_eq!(machine.pool, None);
@@ -186,7 +197,7 @@ async fn a_new_digest_replaces_every_pool_machine_before_one_is_served() {
         kept.image_digest, old.image_digest,
         "an existing environment keeps its digest"
     );
-    assert_eq!(host.machine("old").unwrap().digest, Some(old.image_digest));
+    assert_eq!(labelled(&host, "old").await.digest, Some(old.image_digest));
 }
 
 #[tokio::test]
@@ -218,7 +229,7 @@ async fn a_restart_reuses_fresh_pool_machines_and_removes_those_of_another_confi
     assert_eq!(reconfigured.pooled(), 0);
     assert!(pool_machines(&host).is_empty());
     assert_eq!(
-        host.machine("demo").unwrap().state,
+        labelled(&host, "demo").await.state,
         MachineState::Running,
         "claimed: kept"
     );
@@ -286,16 +297,62 @@ async fn a_daemon_that_died_mid_claim_leaves_the_environment_recorded_with_its_m
 }
 
 #[tokio::test]
-async fn a_claim_that_fails_takes_the_environment_back_and_leaks_nothing() {
+async fn a_workspace_that_cannot_move_takes_the_claim_back_and_leaks_nothing() {
     let host = pooled_host(1).await;
-    host.fake.fail_next(Op::Claim, ErrorKind::Other);
+    let pooled = pool_machines(&host)[0].id.clone();
+    // Where the workspace would go is taken by something that cannot be removed: a file in a
+    // directory without write permission is removable by root, so a file of the same name
+    // that is no directory stands in (rename cannot put a directory over a file).
+    std::fs::write(host.config.workspaces_dir().join("demo"), "in the way").unwrap();
     let failed = host.try_create(acme(), "demo", None).await;
     assert!(failed.is_err());
     assert_eq!(host.row("acme", "demo").await, None);
-    assert!(host.fake.machines().is_empty());
-    assert!(!host.workspace_exists("demo"));
+    assert!(!host.fake.machines().iter().any(|m| m.id == pooled));
     let pool_dir = host.config.workspaces_dir().join(".pool");
     assert_eq!(std::fs::read_dir(pool_dir).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn a_label_that_fails_after_the_answer_is_finished_at_the_next_start() {
+    let host = pooled_host(1).await;
+    host.fake.fail_next(Op::Claim, ErrorKind::Unavailable);
+    let created = host.create("demo", None).await;
+    assert_eq!(
+        created.record().status,
+        Status::Ready,
+        "the store already says whose"
+    );
+    while host.fake.calls(Op::Claim) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    assert!(host.machine("demo").is_none(), "the label failed");
+    let restarted = host.restarted();
+    restarted.recover_pool().await.unwrap();
+    assert_eq!(restarted.pooled(), 0, "claimed, never pooled again");
+    assert_eq!(labelled(&host, "demo").await.id, created.record().machine);
+}
+
+#[tokio::test]
+async fn the_pool_makes_no_machine_while_a_create_starts_its_own() {
+    let host = pooled_host(1).await;
+    host.create("first", None).await;
+    assert_eq!(host.environments.pooled(), 0);
+    let stall = host.fake.stall(Op::CreateMachine);
+    let second = host.create_in_background("second", None);
+    while host.fake.calls(Op::CreateMachine) < 2 {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    host.environments.fill_pool().await.unwrap();
+    assert_eq!(
+        host.environments.pooled(),
+        0,
+        "nothing made while a create starts one"
+    );
+    drop(stall);
+    second.await.unwrap().unwrap();
+    host.environments.fill_pool().await.unwrap();
+    assert_eq!(host.environments.pooled(), 1);
 }
 
 #[tokio::test]
