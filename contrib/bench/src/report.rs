@@ -86,7 +86,11 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
     for outcome in outcomes {
         let backend = outcome.backend;
         let Ok(r) = &outcome.result else {
-            for target in targets(plan) {
+            // The pool's rows come from a daemon of their own and say for themselves.
+            let own = targets(plan)
+                .into_iter()
+                .filter(|t| !pool::TARGETS.contains(&t.as_str()));
+            for target in own {
                 all.push(Verdict {
                     target,
                     backend,
