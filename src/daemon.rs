@@ -271,6 +271,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Clones a previous daemon died during leave their throwaways: removed before serving.
     environments.sweep_throwaways().await;
     let reconciler = tokio::spawn(environments.clone().reconcile_forever());
+    // Pool machines stay when the daemon stops: the next start finds them and reuses them.
+    let pool = tokio::spawn(environments.clone().keep_pool_forever());
     let cut = CancellationToken::new();
     let state = AppState {
         cut: cut.clone(),
@@ -357,6 +359,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let finished = tokio::time::timeout(config.shutdown_timeout.0, async {
         while servers.join_next().await.is_some() {}
         reconciler.abort();
+        pool.abort();
         tracing::info!("waiting for creates and deletes in flight to record their outcome");
         environments.drain().await;
     })
@@ -375,6 +378,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .await;
         servers.shutdown().await;
         reconciler.abort();
+        pool.abort();
         // What is still provisioning will not finish: say so now rather than at the next start.
         if let Err(e) = environments.mark_interrupted().await {
             tracing::error!(error = %e, "could not record the creates still provisioning as interrupted");

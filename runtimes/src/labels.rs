@@ -20,6 +20,11 @@ pub const LABEL_DIGEST: &str = "dev.narya.image-digest";
 /// Marks containers that exist only for one command (clones), never machines; valued with the
 /// throwaway's name.
 pub const LABEL_THROWAWAY: &str = "dev.narya.throwaway";
+/// Marks a machine started ahead of creates, valued with the configuration it was started
+/// for (the daemon's fingerprint). Such a machine carries an empty [`LABEL_ENVIRONMENT`], so
+/// that every listing and event filter on that label's presence finds it, and no
+/// organisation, until a create claims it.
+pub const LABEL_POOL: &str = "dev.narya.pool";
 /// Where the workspace is mounted inside, so execs default to it.
 const LABEL_WORKSPACE: &str = "dev.narya.workspace";
 /// The user machines run as, so execs after a daemon restart run as the same one.
@@ -29,11 +34,34 @@ const LABEL_USER: &str = "dev.narya.user";
 pub(crate) fn machine_labels(spec: &MachineSpec) -> HashMap<String, String> {
     let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
     labels.insert(LABEL_MACHINE.to_owned(), spec.id.clone());
-    labels.insert(LABEL_ENVIRONMENT.to_owned(), spec.environment.clone());
-    labels.insert(LABEL_ORGANISATION.to_owned(), spec.organisation.clone());
+    match &spec.pool {
+        Some(configuration) => {
+            labels.insert(LABEL_POOL.to_owned(), configuration.clone());
+            labels.insert(LABEL_ENVIRONMENT.to_owned(), String::new());
+            labels.remove(LABEL_ORGANISATION);
+        }
+        None => {
+            labels.remove(LABEL_POOL);
+            labels.insert(LABEL_ENVIRONMENT.to_owned(), spec.environment.clone());
+            labels.insert(LABEL_ORGANISATION.to_owned(), spec.organisation.clone());
+        }
+    }
     labels.insert(LABEL_DIGEST.to_owned(), spec.image.digest.to_string());
     labels.insert(LABEL_WORKSPACE.to_owned(), spec.mount_point.clone());
     labels.insert(LABEL_USER.to_owned(), spec.user.to_string());
+    labels
+}
+
+/// `labels` of a pool machine made those of a machine serving `environment` of `organisation`:
+/// the identifier and organisation set, the pool mark gone.
+pub(crate) fn claimed_labels(
+    mut labels: HashMap<String, String>,
+    environment: &str,
+    organisation: &str,
+) -> HashMap<String, String> {
+    labels.remove(LABEL_POOL);
+    labels.insert(LABEL_ENVIRONMENT.to_owned(), environment.to_owned());
+    labels.insert(LABEL_ORGANISATION.to_owned(), organisation.to_owned());
     labels
 }
 
@@ -78,7 +106,7 @@ pub(crate) fn machine_name(labels: &HashMap<String, String>) -> Option<&str> {
     }
     labels
         .get(LABEL_MACHINE)
-        .or_else(|| labels.get(LABEL_ENVIRONMENT))
+        .or_else(|| labels.get(LABEL_ENVIRONMENT).filter(|e| !e.is_empty()))
         .map(String::as_str)
 }
 
@@ -133,12 +161,14 @@ fn parse_user(label: &str) -> Option<User> {
 
 /// The machine `spec` describes, as listings report it once it is made and running.
 pub(crate) fn running_machine(spec: &MachineSpec) -> MachineInfo {
+    let pooled = spec.pool.is_some();
     MachineInfo {
         id: spec.id.clone(),
-        environment: Some(spec.environment.clone()),
-        organisation: Some(spec.organisation.clone()),
+        environment: (!pooled).then(|| spec.environment.clone()),
+        organisation: (!pooled).then(|| spec.organisation.clone()),
         digest: Some(spec.image.digest.clone()),
         state: MachineState::Running,
+        pool: spec.pool.clone(),
     }
 }
 
@@ -152,10 +182,14 @@ pub(crate) fn machines(
         .filter_map(|(labels, state)| {
             Some(MachineInfo {
                 id: machine_name(&labels)?.to_owned(),
-                environment: labels.get(LABEL_ENVIRONMENT).cloned(),
+                environment: labels
+                    .get(LABEL_ENVIRONMENT)
+                    .filter(|e| !e.is_empty())
+                    .cloned(),
                 organisation: labels.get(LABEL_ORGANISATION).cloned(),
                 digest: labels.get(LABEL_DIGEST).and_then(|d| d.parse().ok()),
                 state,
+                pool: labels.get(LABEL_POOL).cloned(),
             })
         })
         .collect();
@@ -192,6 +226,7 @@ mod tests {
             },
             network: Network::None,
             limits: crate::Limits::default(),
+            pool: None,
             labels: BTreeMap::from([
                 ("team".to_owned(), "blue".to_owned()),
                 (LABEL_ENVIRONMENT.to_owned(), "forged".to_owned()),
@@ -284,6 +319,39 @@ mod tests {
             (listed[0].id.as_str(), listed[0].organisation.as_ref()),
             ("demo", None)
         );
+    }
+
+    #[test]
+    fn a_pool_machine_carries_no_identifier_until_it_is_claimed() {
+        let pooled = MachineSpec {
+            id: "narya-pool-1".to_owned(),
+            pool: Some("config-1".to_owned()),
+            ..spec()
+        };
+        let labels = machine_labels(&pooled);
+        assert_eq!(labels[LABEL_POOL], "config-1");
+        assert_eq!(
+            labels[LABEL_ENVIRONMENT], "",
+            "present, so filters find it; empty"
+        );
+        assert!(!labels.contains_key(LABEL_ORGANISATION));
+        assert!(is_machine(&labels, "narya-pool-1"));
+        let listed = machines([(labels.clone(), MachineState::Running)]);
+        assert_eq!(listed, [running_machine(&pooled)]);
+        assert_eq!(listed[0].environment, None);
+        assert_eq!(listed[0].organisation, None);
+        assert_eq!(listed[0].pool.as_deref(), Some("config-1"));
+
+        let claimed = claimed_labels(labels, "demo", "acme");
+        assert!(!claimed.contains_key(LABEL_POOL));
+        assert!(
+            is_machine(&claimed, "narya-pool-1"),
+            "its name does not change"
+        );
+        let listed = machines([(claimed, MachineState::Running)]);
+        assert_eq!(listed[0].environment.as_deref(), Some("demo"));
+        assert_eq!(listed[0].organisation.as_deref(), Some("acme"));
+        assert_eq!(listed[0].pool, None);
     }
 
     #[test]

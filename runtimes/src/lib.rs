@@ -25,7 +25,9 @@ mod labels;
 mod pinning;
 mod watch;
 
-pub use labels::{LABEL_DIGEST, LABEL_ENVIRONMENT, LABEL_ORGANISATION, LABEL_THROWAWAY};
+pub use labels::{
+    LABEL_DIGEST, LABEL_ENVIRONMENT, LABEL_ORGANISATION, LABEL_POOL, LABEL_THROWAWAY,
+};
 pub use narya_oci::spec::{Limits, OOM_SCORE_ADJ};
 
 /// The underlying failure a [`RuntimeError`] carries as its source.
@@ -203,6 +205,10 @@ pub struct MachineSpec {
     pub network: Network,
     /// What bounds the machine and everything run in it.
     pub limits: Limits,
+    /// `Some(configuration)`: a machine started ahead of creates, serving nobody yet. It is
+    /// labelled [`LABEL_POOL`] with `configuration` and carries no identifier or organisation
+    /// (`environment` and `organisation` are not used) until [`Runtime::claim`].
+    pub pool: Option<String>,
     /// Labels added to Narya's own ([`LABEL_ENVIRONMENT`], [`LABEL_ORGANISATION`],
     /// [`LABEL_DIGEST`]), which win over these.
     pub labels: BTreeMap<String, String>,
@@ -299,6 +305,10 @@ pub struct MachineInfo {
     pub organisation: Option<String>,
     pub digest: Option<Digest>,
     pub state: MachineState,
+    /// The [`LABEL_POOL`] configuration of a machine started ahead of creates. A claimed
+    /// machine loses it where the runtime can change labels (containerd) and keeps it where it
+    /// cannot (Docker, Podman): there the daemon's store alone says it is claimed.
+    pub pool: Option<String>,
 }
 
 /// A container runtime as Narya uses it: one long-running machine per environment.
@@ -319,6 +329,14 @@ pub trait Runtime: Send + Sync {
     /// Creates and starts the machine described by `spec`.
     /// Errors: `AlreadyExists` when a machine of that id exists; `Unavailable`; `Other`.
     async fn create_machine(&self, spec: &MachineSpec) -> Result<MachineInfo>;
+
+    /// Binds machine `id`, started ahead of creates (`MachineSpec::pool`), to `environment` of
+    /// `organisation`: its labels then say so (and no longer mark it a pool machine) where the
+    /// runtime can change a container's labels. Returns whether it could: a back end that
+    /// cannot (Docker, Podman) answers `false` and changes nothing, and the daemon's record of
+    /// the machine's name alone binds it. Repeat-safe. Errors: `NotFound` (from a back end that
+    /// asks the runtime); `Unavailable`.
+    async fn claim(&self, id: &str, environment: &str, organisation: &str) -> Result<bool>;
 
     /// Runs one process in the running machine `id` as the machine's unprivileged user, bounded
     /// by `spec.timeout`; on time-out the process and all it started are killed.

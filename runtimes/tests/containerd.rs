@@ -147,6 +147,7 @@ fn machine_spec(
         },
         network,
         limits: support::test_limits(),
+        pool: None,
         labels: BTreeMap::new(),
     }
 }
@@ -313,6 +314,7 @@ async fn two_hundred_isolated_creates_and_removes_leave_nothing_behind() {
             },
             network: Network::Isolated,
             limits: support::test_limits(),
+            pool: None,
             labels: Default::default(),
         };
         let made = runtime.create_machine(&spec).await;

@@ -117,6 +117,7 @@ fn local(config: &Config) -> Vec<Finding> {
             address_finding("listen.metrics", addr)
         });
     }
+    findings.push(pool_finding(config, host_memory()));
     // What start-up refuses of the limits on this host, check-config refuses too.
     if let Err(e) = config.check_host(narya_runtimes::host::hard_nofile()) {
         findings.push(Finding::problem(e));
@@ -132,6 +133,35 @@ fn local(config: &Config) -> Vec<Finding> {
         }
     }
     findings
+}
+
+/// What `[pool] size` costs: that many started machines, each allowed `[limits] memory`. Idle
+/// machines hold little, and one environment's limit is no reservation either, so a pool that
+/// may together outgrow the host is said, not refused.
+fn pool_finding(config: &Config, host_memory: Option<u64>) -> Finding {
+    let size = config.pool.size;
+    if size == 0 {
+        return Finding::ok("pool.size 0: no machines started ahead of creates".to_owned());
+    }
+    let allowed = config.limits.memory.saturating_mul(size as u64);
+    let note = match host_memory {
+        Some(total) if allowed > total => format!(
+            "; together they may use {allowed} bytes (limits.memory each), more than the host's \
+             {total}"
+        ),
+        _ => String::new(),
+    };
+    Finding::ok(format!(
+        "pool.size {size}: {size} machines kept started ahead of creates{note}"
+    ))
+}
+
+/// The host's memory in bytes, from `/proc/meminfo`; `None` when it cannot be read.
+fn host_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 fn path_finding(key: &str, path: &Path, result: Result<String, String>) -> Finding {
@@ -248,6 +278,28 @@ mod tests {
             "problem: configuration file /x.toml: TOML parse error at line 1, column 1: unknown field `statedir`, expected one of `state_dir`"
         );
         assert_eq!(one_line("plain"), "plain");
+    }
+
+    #[test]
+    fn a_pool_is_described_and_one_that_may_outgrow_the_hosts_memory_says_so() {
+        let config = |pool: &str| {
+            let text = format!(
+                "[identity]\nissuer = \"https://id.test\"\naudience = \"narya\"\n\
+                 [limits]\nmemory = \"1GiB\"\ntmp = \"64MiB\"\n[pool]\n{pool}\n"
+            );
+            Config::parse(&text).unwrap()
+        };
+        let gib = 1 << 30;
+        let fits = pool_finding(&config("size = 2"), Some(4 * gib)).to_string();
+        assert!(fits.starts_with("ok: pool.size 2"), "{fits}");
+        let outgrows = pool_finding(&config("size = 8"), Some(4 * gib)).to_string();
+        assert!(outgrows.starts_with("ok: pool.size 8"), "{outgrows}");
+        assert!(outgrows.contains("more than the host's"), "{outgrows}");
+        assert!(!fits.contains("more than"), "{fits}");
+        let off = pool_finding(&config("size = 0"), Some(gib / 2)).to_string();
+        assert!(off.starts_with("ok: pool.size 0"), "{off}");
+        let unknown = pool_finding(&config("size = 8"), None).to_string();
+        assert!(unknown.starts_with("ok"), "{unknown}");
     }
 
     #[test]

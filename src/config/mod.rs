@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 pub use sections::{
     Algorithm, Backend, EnvironmentConfig, GitHub, Identity, Image, LimitsConfig, Listen, Log,
-    LogFormat, NetworkSection, RuntimeConfig,
+    LogFormat, NetworkSection, PoolConfig, RuntimeConfig, MAX_POOL_SIZE,
 };
 pub use values::{
     is_plain_http_off_loopback, parse_bytes, parse_duration, parse_user, HumanDuration,
@@ -58,6 +58,8 @@ pub struct Config {
     pub network: NetworkSection,
     #[serde(default)]
     pub limits: LimitsConfig,
+    #[serde(default)]
+    pub pool: PoolConfig,
     pub github: Option<GitHub>,
     #[serde(default)]
     pub log: Log,
@@ -176,6 +178,9 @@ impl Config {
                 return Err(format!("key `{key}` must be longer than zero"));
             }
         }
+        if self.pool.size > MAX_POOL_SIZE {
+            return Err(format!("key `pool.size` must be at most {MAX_POOL_SIZE}"));
+        }
         if self.runtime.containerd_namespace.is_empty() {
             return Err("key `runtime.containerd_namespace` must not be empty".to_owned());
         }
@@ -224,6 +229,7 @@ audience = "narya"
         assert_eq!(c.listen.idle_timeout.0, Duration::from_secs(120));
         assert_eq!(c.listen.max_connections, 1024);
         assert_eq!(c.log.format, LogFormat::Text);
+        assert_eq!(c.pool.size, 2, "two machines are kept started by default");
         assert_eq!(c.identity.person_claim, "sub");
         assert_eq!(c.identity.organisation_claim, "org");
         assert_eq!(
@@ -274,6 +280,19 @@ audience = "narya"
         assert_eq!(c.listen.idle_timeout, defaults.listen.idle_timeout);
         assert_eq!(c.listen.max_connections, defaults.listen.max_connections);
         assert_eq!(c.log.format, defaults.log.format);
+        assert_eq!(c.pool.size, defaults.pool.size);
+    }
+
+    #[test]
+    fn a_pool_can_be_sized_or_turned_off_but_not_made_huge() {
+        let sized = Config::parse(&format!("{MINIMAL}\n[pool]\nsize = 8\n")).unwrap();
+        assert_eq!(sized.pool.size, 8);
+        let off = Config::parse(&format!("{MINIMAL}\n[pool]\nsize = 0\n")).unwrap();
+        assert_eq!(off.pool.size, 0);
+        let huge = Config::parse(&format!("{MINIMAL}\n[pool]\nsize = 100000\n")).unwrap_err();
+        assert!(huge.contains("pool.size"), "{huge}");
+        let typo = Config::parse(&format!("{MINIMAL}\n[pool]\nsise = 1\n")).unwrap_err();
+        assert!(typo.contains("sise"), "{typo}");
     }
 
     #[test]

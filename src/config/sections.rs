@@ -13,6 +13,31 @@ use serde::Deserialize;
 use super::values::{bytes, from_str, network, user, HumanDuration};
 use super::DEFAULT_SOCKET;
 
+/// `[pool]`: machines started ahead of creates.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// How many started, unclaimed machines the daemon keeps; 0: none, every create starts
+    /// its own.
+    #[serde(default = "default_pool_size")]
+    pub size: usize,
+}
+
+/// The most machines a pool may hold: each is a started container with its limits reserved.
+pub const MAX_POOL_SIZE: usize = 256;
+
+fn default_pool_size() -> usize {
+    2
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            size: default_pool_size(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Listen {

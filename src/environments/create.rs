@@ -21,11 +21,11 @@ use crate::store::EnvironmentRecord;
 pub(super) const UNDO_PENDING: &str = "provisioning failed: ";
 
 /// How many events a slow streaming reader may fall behind before it misses some.
-const PROGRESS_BACKLOG: usize = 1024;
+pub(super) const PROGRESS_BACKLOG: usize = 1024;
 
 /// Told once provisioning has started (the identifier is now held and the row inserted): the
 /// events of the create from its beginning.
-type Announce = tokio::sync::oneshot::Sender<broadcast::Receiver<Progress>>;
+pub(super) type Announce = tokio::sync::oneshot::Sender<broadcast::Receiver<Progress>>;
 
 impl Environments {
     /// Creates `request.id` for `principal`, or answers with the environment recorded under it.
@@ -116,7 +116,7 @@ impl Environments {
     }
 
     async fn create_serialised(
-        &self,
+        self: &Arc<Self>,
         principal: Principal,
         request: CreateRequest,
         announce: Option<Announce>,
@@ -251,7 +251,7 @@ impl Environments {
 
     /// The create flow proper, for an identifier nobody holds: pin, record, make, set up, record.
     async fn provision(
-        &self,
+        self: &Arc<Self>,
         principal: &Principal,
         request: &CreateRequest,
         announce: Option<Announce>,
@@ -261,6 +261,15 @@ impl Environments {
             Some(repository) => Some(self.check_repository(principal, repository).await?),
             None => None,
         };
+        // A repository's clone must be done before the environment's machine exists: such a
+        // create never takes a started one.
+        if clone.is_none() {
+            if let Some(pooled) = self.take_pooled().await {
+                return self
+                    .provision_pooled(principal, request, pooled, announce)
+                    .await;
+            }
+        }
         let id = &request.id;
         // Subscribed now so the image events reach the announced stream too.
         let (events, from_the_start) = broadcast::channel(PROGRESS_BACKLOG);
@@ -366,8 +375,11 @@ impl Environments {
                 .await?;
             let _ = events.send(Progress::started("machine"));
             let spec = self.machine_spec(row, pinned, workspace);
+            // The pool waits while creates start machines: it never competes with one.
+            let starting = self.pool.starting();
             let machine = self.runtime.create_machine(&spec);
             self.metrics.create_step("machine", machine).await?;
+            drop(starting);
             let _ = events.send(Progress::finished("machine"));
             tracing::info!("machine started");
             match &request.setup {
@@ -404,11 +416,11 @@ impl Environments {
     /// Takes back a create that failed before its outcome was recorded. When the machine cannot
     /// be removed (the runtime went away), the row stays unrecorded, saying why, and the
     /// reconciler finishes the undo once the runtime answers.
-    async fn undo(&self, row: &mut EnvironmentRecord, cause: &EnvironmentError) {
+    pub(super) async fn undo(&self, row: &mut EnvironmentRecord, cause: &EnvironmentError) {
         tracing::warn!(error = %cause, "provisioning failed; taking it back");
         match self.runtime.remove(&row.machine).await {
             Ok(()) => {
-                if let Err(e) = self.remove_workspace(&row.id) {
+                if let Err(e) = self.remove_workspace(row) {
                     tracing::warn!(error = %e, "could not remove the workspace");
                 }
                 if let Err(e) = self.store.delete(&row.organisation, &row.id).await {

@@ -44,7 +44,7 @@ impl Environments {
             return Ok(());
         }
         self.runtime.remove(&row.machine).await?;
-        self.remove_workspace(&row.id)
+        self.remove_workspace(&row)
             .map_err(EnvironmentError::WorkspaceRemoval)?;
         row.status = Status::Gone;
         row.status_detail = Some(DELETED.to_owned());

@@ -12,12 +12,14 @@ use tokio_util::task::TaskTracker;
 
 mod answer;
 mod bounds;
+mod claim;
 mod clone;
 mod create;
 mod delete;
 mod error;
 mod exec;
 mod locks;
+mod pool;
 mod progress;
 mod reconcile;
 mod replace;
@@ -71,6 +73,8 @@ pub struct Environments {
     bounds: bounds::Bounds,
     /// Creates, deletes and replaces in flight, which shutdown waits for.
     tasks: TaskTracker,
+    /// Machines started ahead of creates.
+    pool: pool::Pool,
     metrics: Metrics,
 }
 
@@ -85,6 +89,7 @@ impl Environments {
             store,
             runtime,
             bounds: bounds::Bounds::new(config.state_dir.join("runs")),
+            pool: pool::Pool::new(&config),
             config,
             organisations,
             locks: locks::Locks::default(),
@@ -172,6 +177,7 @@ impl Environments {
             user: self.config.environment.user,
             network: self.config.environment.network,
             limits: self.config.limits.limits(),
+            pool: None,
             labels: BTreeMap::new(),
         }
     }
@@ -201,11 +207,20 @@ impl Environments {
         Ok(dir)
     }
 
-    /// Removes the workspace; one already gone is fine.
-    fn remove_workspace(&self, id: &EnvironmentId) -> std::io::Result<()> {
-        match std::fs::remove_dir_all(self.workspace(id)) {
+    /// Removes `row`'s workspace (and what `.pool` holds for its machine, when that was a
+    /// pool machine); one already gone is fine.
+    fn remove_workspace(&self, row: &EnvironmentRecord) -> std::io::Result<()> {
+        let removed = match std::fs::remove_dir_all(self.workspace(&row.id)) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             done => done,
-        }
+        };
+        let entry = self.remove_pool_entry(&row.machine);
+        removed.and(entry)
+    }
+
+    /// How many started machines wait in the pool to be claimed.
+    #[cfg(test)]
+    fn pooled(&self) -> usize {
+        self.pool.len()
     }
 }

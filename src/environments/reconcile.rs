@@ -247,7 +247,12 @@ impl Environments {
         }
         let known: HashSet<&str> = rows.iter().map(|r| r.machine.as_str()).collect();
         for machine in &machines {
-            if !known.contains(machine.id.as_str()) && orphans_reported.insert(machine.id.clone()) {
+            // A pool machine serves nobody until a create claims it (and the store names it).
+            let pooled = machine.pool.is_some() && machine.environment.is_none();
+            if !pooled
+                && !known.contains(machine.id.as_str())
+                && orphans_reported.insert(machine.id.clone())
+            {
                 tracing::warn!(machine = %machine.id, digest = ?machine.digest.as_ref().map(ToString::to_string), "a Narya machine the store does not know; a create without setup of this id adopts it");
             }
         }
@@ -276,7 +281,7 @@ impl Environments {
             tracing::warn!(environment.id = %row.id, error = %e, "still cannot take back a failed create; retrying");
             return;
         }
-        if let Err(e) = self.remove_workspace(&row.id) {
+        if let Err(e) = self.remove_workspace(row) {
             tracing::warn!(environment.id = %row.id, error = %e, "could not remove the workspace of a failed create");
         }
         let now = now_rfc3339();

@@ -47,6 +47,10 @@ impl Runtime for Metered {
         self.counted(self.inner.create_machine(spec).await)
     }
 
+    async fn claim(&self, id: &str, environment: &str, organisation: &str) -> Result<bool> {
+        self.counted(self.inner.claim(id, environment, organisation).await)
+    }
+
     async fn run(&self, id: &str, spec: &ProcessSpec) -> Result<ProcessOutcome> {
         self.counted(self.inner.run(id, spec).await)
     }

@@ -376,6 +376,12 @@ impl Host {
     /// own CLI, as the OOM killer or an admin would; the machine itself stays.
     pub async fn kill(&self, id: &str) {
         let name = self.machine(id).await.name;
+        self.kill_machine(&name).await;
+    }
+
+    /// Kills every process of machine `name` from outside, through the runtime's own CLI.
+    pub async fn kill_machine(&self, name: &str) {
+        let name = name.to_owned();
         let killed = match self.backend {
             Backend::Containerd => {
                 self.cli(&["tasks", "kill", "--signal", "SIGKILL", "--all", &name])

@@ -105,9 +105,9 @@ pub fn merged_toml(base: &str, extra: &str) -> String {
 
 /// Limits every test daemon runs with: `nofile` within this host's hard limit (20000 on CI's
 /// machines; the contract's default of 65536 is refused there), the rest small enough that a
-/// test going past them does not strain a shared host.
-pub const LIMITS: &str =
-    "\n[limits]\nmemory = \"1GiB\"\ncpus = 1.0\npids = 1024\ntmp = \"64MiB\"\nnofile = 1024\n";
+/// test going past them does not strain a shared host. And no pool, so that every test counts
+/// only the machines it made; a test that wants one sets `[pool] size` (laid over this).
+pub const LIMITS: &str = "\n[limits]\nmemory = \"1GiB\"\ncpus = 1.0\npids = 1024\ntmp = \"64MiB\"\nnofile = 1024\n\n[pool]\nsize = 0\n";
 
 impl Daemon {
     /// Starts `naryad` with an `[identity]` section (and anything else) given as TOML.

@@ -18,9 +18,11 @@ use crate::stats::Samples;
 
 mod exec_load;
 mod output_memory;
+mod pool;
 
 pub use exec_load::{ExecLoad, ExecLoadResult, LoadSide};
 pub use output_memory::{OutputLoad, OutputMemoryResult};
+pub use pool::{measure_pool, PoolReport, POOL_SIZE};
 
 /// How much of everything to do.
 #[derive(Clone, Debug)]

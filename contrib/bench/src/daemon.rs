@@ -20,6 +20,8 @@ pub struct Setup<'a> {
     pub layout: &'a str,
     /// Where the daemon's stderr goes; `None`: into its temporary directory.
     pub log: Option<PathBuf>,
+    /// `[pool] size`: 0 for every row but the pool's.
+    pub pool: usize,
 }
 
 pub struct Daemon {
@@ -55,6 +57,7 @@ impl Daemon {
         // Deleted environments are forgotten at once, not after a day: the run deletes hundreds
         // before it lists the environments it keeps, and the list is measured at its size.
         // `nofile` stays within any CI host's hard limit (the default 65536 is refused above it).
+        // No pool but for the pool's rows: the others measure a create that starts its machine.
         let config = format!(
             "state_dir = {state}\n\n\
              [listen]\nsocket = {socket}\n\n\
@@ -64,7 +67,8 @@ impl Daemon {
              containerd_namespace = {namespace}\ndocker_socket = {docker}\n\n\
              [image]\nreference = {image}\n\n\
              [environment]\ngone_retention = \"1s\"\nnetwork = {network}\n\n\
-             [limits]\nnofile = 1024\n",
+             [limits]\nnofile = 1024\n\n\
+             [pool]\nsize = {pool}\n",
             state = quote(&state.display().to_string()),
             socket = quote(&socket.display().to_string()),
             jwks = quote(&format!("file://{}", setup.jwks.display())),
@@ -74,6 +78,7 @@ impl Daemon {
             docker = quote(setup.docker_socket),
             image = quote(&format!("oci-layout:{}", setup.layout)),
             network = quote(network),
+            pool = setup.pool,
         );
         let config_path = dir.path().join("naryad.toml");
         std::fs::write(&config_path, config).context("cannot write the daemon's configuration")?;
@@ -103,6 +108,11 @@ impl Daemon {
         };
         daemon.wait_ready(token).await?;
         Ok(daemon)
+    }
+
+    /// Where the daemon keeps its pool machines' workspaces (and links to claimed ones').
+    pub fn pool_dir(&self) -> PathBuf {
+        self.state.join("workspaces/.pool")
     }
 
     pub fn client(&self, token: &str) -> Client {

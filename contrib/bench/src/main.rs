@@ -318,6 +318,7 @@ async fn run(args: Args) -> Result<bool> {
                 .log_dir
                 .as_ref()
                 .map(|d| d.join(format!("naryad-{}.log", backend.name()))),
+            pool: 0,
         };
         // The daemon measured throughout isolates its machines (the default); a second one, on
         // the host's network, shows what that costs.
@@ -365,10 +366,31 @@ async fn run(args: Args) -> Result<bool> {
         if let Err(e) = &result {
             eprintln!("narya-bench: {}: {e}", backend.name());
         }
+        let pool = if interrupted {
+            None
+        } else {
+            eprintln!("== {} with a pool of {}", backend.name(), bench::POOL_SIZE);
+            let setup = Setup {
+                log: args
+                    .log_dir
+                    .as_ref()
+                    .map(|d| d.join(format!("naryad-{}-pool.log", backend.name()))),
+                pool: bench::POOL_SIZE,
+                ..setup
+            };
+            let prefix = format!("nb{}{}p-", std::process::id(), &backend.name()[..1]);
+            let measured =
+                bench::measure_pool(&setup, backend, &socket, &token, plan.clone(), prefix).await;
+            if let Err(e) = &measured {
+                eprintln!("narya-bench: {} with a pool: {e}", backend.name());
+            }
+            Some(measured)
+        };
         outcomes.push(Outcome {
             backend,
             runtime_version,
             result,
+            pool,
         });
         if interrupted {
             break;
@@ -393,6 +415,10 @@ async fn run(args: Args) -> Result<bool> {
                 || r.output_memory.errors > 0
         }
         Err(_) => true,
+    }) || outcomes.iter().any(|o| match &o.pool {
+        Some(Ok(p)) => p.burst.ours_errors > 0 || p.burst.raw_errors > 0,
+        Some(Err(_)) => true,
+        None => false,
     });
     if errors {
         eprintln!("narya-bench: something failed (see above); exiting non-zero");

@@ -2,9 +2,11 @@
 
 use std::fmt::Write;
 
-use crate::bench::{ExecLoad, LoadSide, OutputLoad, Plan, Report};
+use crate::bench::{ExecLoad, LoadSide, OutputLoad, Plan, PoolReport, Report};
 use crate::raw::Backend;
 use crate::stats::{ms, spread};
+
+mod pool;
 
 /// What ran where.
 pub struct Context {
@@ -27,6 +29,8 @@ pub struct Outcome {
     pub backend: Backend,
     pub runtime_version: String,
     pub result: Result<Report, String>,
+    /// The pool's rows, from a daemon of their own; `None` when they did not run.
+    pub pool: Option<Result<PoolReport, String>>,
 }
 
 pub const CREATE_RATIO: f64 = 1.10;
@@ -82,7 +86,11 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
     for outcome in outcomes {
         let backend = outcome.backend;
         let Ok(r) = &outcome.result else {
-            for target in targets(plan) {
+            // The pool's rows come from a daemon of their own and say for themselves.
+            let own = targets(plan)
+                .into_iter()
+                .filter(|t| !pool::TARGETS.contains(&t.as_str()));
+            for target in own {
                 all.push(Verdict {
                     target,
                     backend,
@@ -190,6 +198,7 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
             ),
         );
     }
+    all.extend(pool::verdicts(outcomes));
     all
 }
 
@@ -237,6 +246,7 @@ fn targets(plan: &Plan) -> Vec<String> {
     all.extend(plan.exec_loads.iter().copied().map(exec_load_target));
     all.extend(TARGETS[4..].iter().map(|t| (*t).to_owned()));
     all.push(OUTPUT_TARGET.to_owned());
+    all.extend(pool::TARGETS.iter().map(|t| (*t).to_owned()));
     all
 }
 
@@ -387,6 +397,7 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
             verdict_of(b, OUTPUT_TARGET)
         );
     }
+    t.push_str(&pool::rows(outcomes, &verdicts));
     t
 }
 
@@ -561,8 +572,10 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          - **memory under output**: last, the daemon's peak resident memory (VmHWM) reset with \
          `echo 5 > /proc/PID/clear_refs`, then all creates started at once with the setup \
          `yes narya-bench-output | head -c BYTES`, each answered as plain JSON (`201`, \
-         `ready`); VmHWM read once the last answered, then the environments deleted.\n\n",
+         `ready`); VmHWM read once the last answered, then the environments deleted.\n",
     );
+    d.push_str(pool::METHOD);
+    d.push('\n');
     d.push_str("Raw commands:\n\n");
     for outcome in outcomes {
         if let Ok(r) = &outcome.result {
@@ -605,6 +618,10 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
             }
             Err(e) => Some(format!("- {}: {}", o.backend.name(), e)),
         })
+        .collect();
+    let failures: Vec<String> = failures
+        .into_iter()
+        .chain(pool::failures(outcomes))
         .collect();
     if !failures.is_empty() {
         d.push_str("\n## Failures\n\n");

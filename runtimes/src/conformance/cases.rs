@@ -125,6 +125,7 @@ impl Context<'_> {
             user: self.fixture.user,
             network: self.fixture.network,
             limits: self.fixture.limits,
+            pool: None,
             labels: BTreeMap::new(),
         };
         self.runtime.create_machine(&spec).await?;
@@ -287,6 +288,7 @@ async fn create_on_an_existing_id_is_already_exists(c: &Context<'_>) -> Result<(
         user: c.fixture.user,
         network: c.fixture.network,
         limits: c.fixture.limits,
+        pool: None,
         labels: BTreeMap::new(),
     };
     match c.runtime.create_machine(&spec).await {

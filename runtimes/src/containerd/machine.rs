@@ -10,7 +10,7 @@ use containerd_client::services::v1::snapshots::{MountsRequest, PrepareSnapshotR
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
     DeleteTaskRequest, GetContainerRequest, GetRequest, KillRequest, ListContainersRequest,
-    StartRequest, WaitRequest,
+    StartRequest, UpdateContainerRequest, WaitRequest,
 };
 use containerd_client::types::v1::{Process, Status as TaskStatus};
 use containerd_client::types::Mount;
@@ -19,7 +19,7 @@ use narya_oci::spec;
 use super::client::{classify, is_not_found};
 use super::image::LocalImage;
 use super::Containerd;
-use crate::labels::{self, LABEL_ENVIRONMENT};
+use crate::labels::{self, LABEL_ENVIRONMENT, LABEL_POOL};
 use crate::{
     ErrorKind, Limits, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError,
 };
@@ -131,20 +131,23 @@ impl Containerd {
         &self,
         environment: Option<&str>,
     ) -> Result<Vec<MachineInfo>> {
-        let filter = match environment {
+        // Filters in one request are or-ed. containerd keeps no empty label, so a pool
+        // machine is found by its pool mark, not by its empty identifier.
+        let filters = match environment {
             // containerd's filter syntax quotes a value with `"` and escapes with `\\`.
             Some(value) => {
                 let quoted = value.replace('\\', "\\\\").replace('"', "\\\"");
-                format!("labels.\"{LABEL_ENVIRONMENT}\"==\"{quoted}\"")
+                vec![format!("labels.\"{LABEL_ENVIRONMENT}\"==\"{quoted}\"")]
             }
-            None => format!("labels.\"{LABEL_ENVIRONMENT}\""),
+            None => vec![
+                format!("labels.\"{LABEL_ENVIRONMENT}\""),
+                format!("labels.\"{LABEL_POOL}\""),
+            ],
         };
         let containers = self
             .conn
             .containers()
-            .list(self.conn.request(ListContainersRequest {
-                filters: vec![filter],
-            }))
+            .list(self.conn.request(ListContainersRequest { filters }))
             .await
             .map_err(|e| classify("listing machines", e))?
             .into_inner()
@@ -163,6 +166,35 @@ impl Containerd {
             found.push((c.labels, state));
         }
         Ok(labels::machines(found))
+    }
+
+    /// `Runtime::claim`: the container's labels rewritten whole (the mask names `labels`), so
+    /// that the pool mark goes and the identifier and organisation come in one update.
+    pub(super) async fn claim_machine(
+        &self,
+        id: &str,
+        environment: &str,
+        organisation: &str,
+    ) -> Result<()> {
+        let mut container = self.container(id).await?;
+        if !labels::is_machine(&container.labels, id) {
+            return Err(RuntimeError::plain(
+                ErrorKind::NotFound,
+                format!("containerd: {id} is no Narya machine"),
+            ));
+        }
+        container.labels = labels::claimed_labels(container.labels, environment, organisation);
+        self.conn
+            .containers()
+            .update(self.conn.request(UpdateContainerRequest {
+                container: Some(container),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec!["labels".to_owned()],
+                }),
+            }))
+            .await
+            .map_err(|e| classify(&format!("labelling machine {id} as claimed"), e))?;
+        Ok(())
     }
 
     /// `Runtime::start`: a stopped task is deleted and made again on the same snapshot.

@@ -132,6 +132,11 @@ impl Runtime for Containerd {
         self.make_machine(spec).await
     }
 
+    async fn claim(&self, id: &str, environment: &str, organisation: &str) -> Result<bool> {
+        self.claim_machine(id, environment, organisation).await?;
+        Ok(true)
+    }
+
     async fn run(&self, id: &str, spec: &ProcessSpec) -> Result<ProcessOutcome> {
         self.run_in(id, spec).await
     }

@@ -94,6 +94,12 @@ impl Runtime for Docker {
         self.make_machine(spec).await
     }
 
+    /// The engine cannot change a container's labels: a claimed machine keeps its pool labels
+    /// and its name, and the daemon's store alone binds it (see the README).
+    async fn claim(&self, _id: &str, _environment: &str, _organisation: &str) -> Result<bool> {
+        Ok(false)
+    }
+
     async fn run(&self, id: &str, spec: &ProcessSpec) -> Result<ProcessOutcome> {
         self.run_in(id, spec).await
     }

@@ -30,6 +30,7 @@ pub enum Op {
     Version,
     EnsureImage,
     CreateMachine,
+    Claim,
     Run,
     RunThrowaway,
     Inspect,
@@ -356,13 +357,7 @@ impl Runtime for FakeRuntime {
             );
             return answer(after, Op::CreateMachine, Err(taken));
         }
-        let info = MachineInfo {
-            id: spec.id.clone(),
-            environment: Some(spec.environment.clone()),
-            organisation: Some(spec.organisation.clone()),
-            digest: Some(spec.image.digest.clone()),
-            state: MachineState::Running,
-        };
+        let info = crate::labels::running_machine(spec);
         let machine = Machine {
             info: info.clone(),
             spec: Some(spec.clone()),
@@ -370,6 +365,20 @@ impl Runtime for FakeRuntime {
         state.machines.insert(spec.id.clone(), machine);
         state.changed(&spec.id);
         answer(after, Op::CreateMachine, Ok(info))
+    }
+
+    /// Relabels, as containerd does.
+    async fn claim(&self, id: &str, environment: &str, organisation: &str) -> Result<bool> {
+        let after = self.enter(Op::Claim).await?;
+        let mut state = self.lock();
+        let Some(machine) = state.machines.get_mut(id) else {
+            let missing = RuntimeError::plain(ErrorKind::NotFound, format!("no machine {id}"));
+            return answer(after, Op::Claim, Err(missing));
+        };
+        machine.info.environment = Some(environment.to_owned());
+        machine.info.organisation = Some(organisation.to_owned());
+        machine.info.pool = None;
+        answer(after, Op::Claim, Ok(true))
     }
 
     async fn run(&self, id: &str, spec: &ProcessSpec) -> Result<ProcessOutcome> {

@@ -32,6 +32,7 @@ async fn machine_spec(fake: &FakeRuntime, id: &str) -> MachineSpec {
         },
         network: Network::None,
         limits: crate::Limits::default(),
+        pool: None,
         labels: BTreeMap::new(),
     }
 }
@@ -401,6 +402,7 @@ async fn an_added_machine_is_listed_as_given() {
         organisation: Some("globex".to_owned()),
         digest: Some(Digest::of(b"an older image")),
         state: MachineState::Stopped,
+        pool: None,
     };
     fake.add_machine(orphan.clone());
     assert_eq!(fake.list().await.unwrap(), vec![orphan]);

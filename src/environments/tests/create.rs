@@ -286,6 +286,7 @@ async fn a_setup_less_create_adopts_a_machine_the_store_does_not_know() {
         organisation: Some("acme".to_owned()),
         digest: Some(digest('c')),
         state: MachineState::Running,
+        pool: None,
     });
     let refused = host.try_create(acme(), "demo", Some("make")).await;
     assert!(matches!(refused, Err(EnvironmentError::SetupUnrecorded(_))));
@@ -304,6 +305,7 @@ async fn another_organisations_machine_is_never_adopted() {
         organisation: Some("globex".to_owned()),
         digest: Some(digest('c')),
         state: MachineState::Running,
+        pool: None,
     });
     let refused = host.try_create(acme(), "demo", None).await;
     assert!(matches!(refused, Err(EnvironmentError::IdInUse(_))));

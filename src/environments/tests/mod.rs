@@ -6,6 +6,7 @@ mod changes;
 mod create;
 mod events;
 mod lifecycle;
+mod pool;
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
@@ -33,6 +34,11 @@ struct Host {
 
 impl Host {
     async fn new() -> Host {
+        Host::with_config("").await
+    }
+
+    /// A host whose configuration has `extra` TOML (sections after `[environment]`) added.
+    async fn with_config(extra: &str) -> Host {
         let dir = tempfile::tempdir().unwrap();
         // Workspaces are chowned to the environment's user: ourselves, so no root is needed;
         // as root, an unprivileged user (uid 0 is refused), which root may chown to.
@@ -43,7 +49,7 @@ impl Host {
         };
         let config = Config::parse(&format!(
             "state_dir = {state:?}\n\n[identity]\nissuer = \"https://id.test\"\naudience = \"narya\"\n\n\
-             [environment]\nuser = \"{uid}:{gid}\"\nworkspace = \"/workspace\"\ngone_retention = \"1h\"\n",
+             [environment]\nuser = \"{uid}:{gid}\"\nworkspace = \"/workspace\"\ngone_retention = \"1h\"\n{extra}",
             state = dir.path().join("state").display().to_string(),
             uid = uid,
             gid = gid,
@@ -106,6 +112,18 @@ impl Host {
         self.config.workspaces_dir().join(id).exists()
     }
 
+    /// The same host's environments as a daemon started again would have them: the same
+    /// store, runtime and configuration, nothing in memory.
+    fn restarted(&self) -> Arc<Environments> {
+        let organisations = Arc::new(Organisations::new(self.store.clone(), None));
+        Arc::new(Environments::new(
+            self.store.clone(),
+            self.fake.clone(),
+            self.config.clone(),
+            organisations,
+        ))
+    }
+
     /// The machine serving `id`, found by its label as an operator would.
     fn machine(&self, id: &str) -> Option<MachineInfo> {
         self.fake
@@ -140,6 +158,7 @@ impl Host {
                 organisation: Some("acme".to_owned()),
                 digest: Some(digest.clone()),
                 state,
+                pool: None,
             });
         }
     }

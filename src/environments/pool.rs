@@ -1,0 +1,564 @@
+//! The pool of machines started ahead of creates (`[pool] size`): made in the background with
+//! what the next create would get, kept fresh (a new digest, a stopped machine, another
+//! configuration: removed and made again), and found again by label after a restart.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use narya_runtimes::{ImageSource, MachineSpec, MachineState, PinnedImage};
+use sha2::{Digest as _, Sha256};
+
+use super::{EnvironmentError, Environments};
+use crate::config::Config;
+use crate::model::EnvironmentId;
+use crate::store::EnvironmentRecord;
+
+/// How the runtime's names of pool machines begin; a claimed machine keeps its name.
+pub(super) const NAME_PREFIX: &str = "narya-pool-";
+/// Under the workspaces directory: the workspace of each unclaimed machine, and for each
+/// claimed one a link to where its workspace went (the machine's mount names this path, so a
+/// restart of the machine finds its workspace). Identifiers begin with a letter or digit, so
+/// no environment's workspace is ever called this.
+const POOL_DIR: &str = ".pool";
+/// How often the pool looks at its machines when no create wakes it: a machine that stopped
+/// is replaced within this.
+const LOOK_EVERY: Duration = Duration::from_secs(2);
+/// How often the image reference is resolved again: a new digest behind a tag replaces the
+/// pool's machines within this (and at every start).
+const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+/// After a failure to find or make machines, how long before trying again.
+const BACK_OFF: Duration = Duration::from_secs(5);
+
+/// The machines started ahead of creates, and what they must have been made for to be served.
+pub(super) struct Pool {
+    size: usize,
+    /// This daemon's mark (from its workspaces directory): pool machines another daemon keeps
+    /// in the same runtime are never served, removed or counted here.
+    owner: String,
+    /// The `dev.narya.pool` label of a machine this daemon may serve: its owner, and what the
+    /// environment's machine is made with besides the image (user, mount point, network,
+    /// limits).
+    configuration: String,
+    ready: Mutex<Ready>,
+    wake: tokio::sync::Notify,
+    /// Creates starting a machine of their own right now: the pool makes none meanwhile.
+    starting: AtomicUsize,
+}
+
+/// A create starting a machine of its own, counted while it lives.
+pub(super) struct Starting<'a>(&'a Pool);
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        if self.0.starting.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.wake.notify_one();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Ready {
+    /// The image the next create would be pinned to, once resolved: no machine of another is
+    /// served.
+    image: Option<PinnedImage>,
+    /// Started machines nobody has claimed, oldest first.
+    machines: VecDeque<String>,
+}
+
+/// A pool machine taken by one create.
+pub(super) struct Pooled {
+    pub name: String,
+    pub image: PinnedImage,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Pool {
+    pub(super) fn new(config: &Config) -> Pool {
+        let owner = hex(&Sha256::digest(config.workspaces_dir().to_string_lossy().as_bytes())[..6]);
+        let made_with = format!(
+            "{}|{}|{:?}|{:?}",
+            config.environment.user,
+            config.environment.workspace,
+            config.environment.network,
+            config.limits.limits(),
+        );
+        let configuration = format!("{owner}-{}", hex(&Sha256::digest(made_with)[..8]));
+        Pool {
+            size: config.pool.size,
+            owner,
+            configuration,
+            ready: Mutex::new(Ready::default()),
+            wake: tokio::sync::Notify::new(),
+            starting: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ready> {
+        self.ready.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a machine labelled `configuration` was made by this daemon, whatever for.
+    fn owns(&self, configuration: &str) -> bool {
+        configuration
+            .split_once('-')
+            .is_some_and(|(owner, _)| owner == self.owner)
+    }
+
+    /// A fresh name for a pool machine: valid on every back end, never used before.
+    fn new_name(&self) -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let seed = format!(
+            "{}|{}|{now}|{}",
+            self.owner,
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        format!("{NAME_PREFIX}{}", hex(&Sha256::digest(seed)[..12]))
+    }
+
+    /// The oldest unclaimed machine, taken out of the pool (nobody else can take it) and the
+    /// pool woken to replace it. `None` when the pool is empty.
+    pub(super) fn take(&self) -> Option<Pooled> {
+        let taken = {
+            let mut ready = self.lock();
+            let image = ready.image.clone()?;
+            ready
+                .machines
+                .pop_front()
+                .map(|name| Pooled { name, image })
+        };
+        if self.size > 0 {
+            self.wake.notify_one();
+        }
+        taken
+    }
+
+    /// Counts a create starting its own machine until the returned guard goes; the pool
+    /// resumes when none is left.
+    pub(super) fn starting(&self) -> Starting<'_> {
+        self.starting.fetch_add(1, Ordering::AcqRel);
+        Starting(self)
+    }
+
+    /// Returns `pooled`, taken but not served, to the front of the pool, unless the image
+    /// moved on meanwhile; whether it went back.
+    pub(super) fn put_back(&self, pooled: Pooled) -> bool {
+        let mut ready = self.lock();
+        if ready.image.as_ref().map(|i| &i.digest) != Some(&pooled.image.digest) {
+            return false;
+        }
+        ready.machines.push_front(pooled.name);
+        true
+    }
+
+    /// Takes `name` out of the pool if it is still there; whether it was.
+    fn forget(&self, name: &str) -> bool {
+        let mut ready = self.lock();
+        let before = ready.machines.len();
+        ready.machines.retain(|m| m != name);
+        ready.machines.len() != before
+    }
+
+    /// How many machines are waiting to be claimed.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.lock().machines.len()
+    }
+}
+
+impl Environments {
+    /// Keeps the pool full until the daemon stops: what a previous daemon left is found first
+    /// (reused when it is fresh, removed when not), then a machine is made for each one
+    /// claimed, and the pool is looked at every few seconds. A pool of size 0 only removes
+    /// what an earlier configuration left.
+    pub async fn keep_pool_forever(self: Arc<Self>) {
+        while let Err(e) = self.recover_pool().await {
+            tracing::warn!(error = %e, "cannot find the pool's machines yet; retrying");
+            tokio::time::sleep(BACK_OFF).await;
+        }
+        if self.pool.size == 0 {
+            return;
+        }
+        let mut resolved = Instant::now();
+        loop {
+            if resolved.elapsed() >= RESOLVE_EVERY {
+                match self.resolve_pool_image().await {
+                    Ok(()) => resolved = Instant::now(),
+                    Err(e) => tracing::warn!(error = %e, "cannot resolve the image for the pool"),
+                }
+            }
+            self.look_at_pool().await;
+            let wait = match self.fill_pool().await {
+                Ok(()) => LOOK_EVERY,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a machine for the pool; retrying");
+                    BACK_OFF
+                }
+            };
+            tokio::select! {
+                _ = self.pool.wake.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Finds the pool machines a previous daemon left, by label: a claim it did not finish is
+    /// finished (the store names the machine: it is that environment's, never pooled again);
+    /// an unclaimed machine of the image the next create would get, made for this
+    /// configuration and running, is pooled; any other is removed, and so is every pool
+    /// workspace without a machine.
+    pub(super) async fn recover_pool(&self) -> Result<(), EnvironmentError> {
+        let image = match self.pool.size {
+            0 => None,
+            _ => Some(self.runtime.ensure_image(&self.unpinned_image()).await?),
+        };
+        let rows = self.store.list_all().await?;
+        let claimed: HashMap<&str, &EnvironmentRecord> =
+            rows.iter().map(|r| (r.machine.as_str(), r)).collect();
+        let mut kept = VecDeque::new();
+        for machine in self.runtime.list().await? {
+            let Some(configuration) = &machine.pool else {
+                continue;
+            };
+            if !self.pool.owns(configuration) {
+                continue;
+            }
+            if let Some(row) = claimed.get(machine.id.as_str()) {
+                let _guard = self.locks.lock(&row.id).await;
+                // Never pooled again, bound or not; a binding that fails now is tried again at
+                // the next start (the environment's record names the machine either way).
+                if let Err(e) = self.bind_pooled(row).await {
+                    tracing::warn!(environment.id = %row.id, machine = %machine.id, error = %e, "cannot finish the claim of a pool machine");
+                }
+                continue;
+            }
+            let fresh = *configuration == self.pool.configuration
+                && image.as_ref().map(|i| &i.digest) == machine.digest.as_ref()
+                && machine.state == MachineState::Running
+                && self.pool_workspace(&machine.id).is_dir()
+                && kept.len() < self.pool.size;
+            if fresh {
+                tracing::info!(machine = %machine.id, "a pool machine found again");
+                kept.push_back(machine.id);
+            } else {
+                tracing::info!(machine = %machine.id, state = ?machine.state, "removing a stale pool machine");
+                self.discard_pooled(&machine.id).await;
+            }
+        }
+        self.sweep_pool_workspaces(&kept, &claimed);
+        let mut ready = self.pool.lock();
+        ready.image = image;
+        ready.machines = kept;
+        Ok(())
+    }
+
+    /// Removes what `.pool` holds for no kept machine and no recorded environment: workspaces
+    /// of machines that went, links of environments that were deleted.
+    fn sweep_pool_workspaces(
+        &self,
+        kept: &VecDeque<String>,
+        claimed: &HashMap<&str, &EnvironmentRecord>,
+    ) {
+        let Ok(entries) = std::fs::read_dir(self.pool_dir()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if kept.contains(&name) || claimed.contains_key(name.as_str()) {
+                continue;
+            }
+            let path = entry.path();
+            let removed = match entry.file_type() {
+                Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(&path),
+                _ => std::fs::remove_file(&path),
+            };
+            if let Err(e) = removed {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove a pool workspace");
+            }
+        }
+    }
+
+    /// Resolves the image reference again; on a new digest, every pool machine of the old one
+    /// is removed before any is served, and the pool refills with the new one.
+    async fn resolve_pool_image(&self) -> Result<(), EnvironmentError> {
+        let image = self.runtime.ensure_image(&self.unpinned_image()).await?;
+        let stale: Vec<String> = {
+            let mut ready = self.pool.lock();
+            if ready.image.as_ref().map(|i| &i.digest) == Some(&image.digest) {
+                return Ok(());
+            }
+            tracing::info!(digest = %image.digest, "the image resolves to a new digest: replacing the pool");
+            ready.image = Some(image);
+            ready.machines.drain(..).collect()
+        };
+        for name in stale {
+            self.discard_pooled(&name).await;
+        }
+        Ok(())
+    }
+
+    /// Asks the runtime about every pool machine: one seen stopped or missing leaves the pool.
+    pub(super) async fn look_at_pool(&self) {
+        let names: Vec<String> = self.pool.lock().machines.iter().cloned().collect();
+        for name in names {
+            match self.runtime.inspect(&name).await {
+                Ok(MachineState::Stopped | MachineState::Missing) => {
+                    if self.pool.forget(&name) {
+                        tracing::info!(machine = %name, "a pool machine stopped: replacing it");
+                        self.discard_pooled(&name).await;
+                    }
+                }
+                Ok(MachineState::Running | MachineState::Unknown) => {}
+                Err(e) => {
+                    tracing::debug!(machine = %name, error = %e, "cannot look at a pool machine")
+                }
+            }
+        }
+    }
+
+    /// Starts machines until the pool holds `size`, one at a time, and none while a create
+    /// starts a machine of its own (a burst larger than the pool is served first; the pool is
+    /// woken when the last of them has its machine). A machine made for a digest that changed
+    /// meanwhile is removed.
+    pub(super) async fn fill_pool(&self) -> Result<(), EnvironmentError> {
+        loop {
+            if self.pool.starting.load(Ordering::Acquire) > 0 {
+                return Ok(());
+            }
+            let image = {
+                let ready = self.pool.lock();
+                match &ready.image {
+                    Some(image) if ready.machines.len() < self.pool.size => image.clone(),
+                    _ => return Ok(()),
+                }
+            };
+            let name = self.pool.new_name();
+            let workspace = self.prepare_pool_workspace(&name)?;
+            let spec = MachineSpec {
+                id: name.clone(),
+                environment: String::new(),
+                organisation: String::new(),
+                image: image.clone(),
+                workspace,
+                mount_point: self.config.environment.workspace.clone(),
+                user: self.config.environment.user,
+                network: self.config.environment.network,
+                limits: self.config.limits.limits(),
+                pool: Some(self.pool.configuration.clone()),
+                labels: Default::default(),
+            };
+            if let Err(e) = self.runtime.create_machine(&spec).await {
+                self.discard_pooled(&name).await;
+                return Err(e.into());
+            }
+            let pooled = {
+                let mut ready = self.pool.lock();
+                let current = ready.image.as_ref().map(|i| &i.digest) == Some(&image.digest);
+                if current {
+                    ready.machines.push_back(name.clone());
+                }
+                current
+            };
+            if pooled {
+                tracing::debug!(machine = %name, "pool machine started");
+            } else {
+                self.discard_pooled(&name).await;
+            }
+        }
+    }
+
+    /// Removes pool machine `name` and its workspace; a failure is logged, and the next start
+    /// removes what is left.
+    pub(super) async fn discard_pooled(&self, name: &str) {
+        if let Err(e) = self.runtime.remove(name).await {
+            tracing::warn!(machine = %name, error = %e, "cannot remove a pool machine");
+            return;
+        }
+        match std::fs::remove_dir_all(self.pool_workspace(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(machine = %name, error = %e, "cannot remove a pool workspace");
+            }
+            _ => {}
+        }
+    }
+
+    /// Binds the pool machine `row` names to `row`'s environment: its workspace becomes the
+    /// environment's (a link left where the machine's mount points), and its labels say whose
+    /// it is where the runtime can change them. Repeat-safe, so a start after a crash in the
+    /// middle finishes it.
+    pub(super) async fn bind_pooled(
+        &self,
+        row: &EnvironmentRecord,
+    ) -> Result<(), EnvironmentError> {
+        self.move_pool_workspace(&row.machine, &row.id)?;
+        self.runtime
+            .claim(&row.machine, row.id.as_str(), &row.organisation)
+            .await?;
+        Ok(())
+    }
+
+    /// Labels the machine `row` claimed as `row`'s once its create has answered (containerd's
+    /// label update is a write to its database, the slowest part of a claim). The store
+    /// already says whose the machine is; the labels follow within milliseconds, under the
+    /// environment's lock, so a delete or repeat that comes first acts on the store's truth.
+    /// A failure is left to the next start, which finishes every claim the store names.
+    pub(super) fn label_claimed_later(self: &Arc<Self>, row: &EnvironmentRecord) {
+        let this = self.clone();
+        let (id, organisation, machine) = (
+            row.id.clone(),
+            row.organisation.clone(),
+            row.machine.clone(),
+        );
+        let span = tracing::info_span!("label", environment.id = %id, organisation = %organisation);
+        let label = async move {
+            let _guard = this.locks.lock(&id).await;
+            match this.store.get(&organisation, &id).await {
+                Ok(Some(row)) if row.deleted_at.is_none() && row.machine == machine => {}
+                // Deleted (or made anew) meanwhile: nothing of this claim to label.
+                _ => return,
+            }
+            if let Err(e) = this
+                .runtime
+                .claim(&machine, id.as_str(), &organisation)
+                .await
+            {
+                tracing::warn!(machine = %machine, error = %e, "cannot label a claimed pool machine; the next start does");
+            }
+        };
+        self.tasks
+            .spawn(tracing::Instrument::instrument(label, span));
+    }
+
+    /// Moves pool machine `machine`'s workspace to environment `id`'s place and links the old
+    /// path to it. The machine keeps its mount (a rename keeps the directory); a later start of
+    /// the machine mounts through the link.
+    pub(super) fn move_pool_workspace(
+        &self,
+        machine: &str,
+        id: &EnvironmentId,
+    ) -> Result<(), EnvironmentError> {
+        let from = self.pool_workspace(machine);
+        let to = self.workspace(id);
+        let moved = || -> std::io::Result<()> {
+            match std::fs::symlink_metadata(&from) {
+                Ok(meta) if meta.file_type().is_symlink() => return Ok(()),
+                Ok(_) => {
+                    // Whatever a failed earlier create of this identifier left goes first.
+                    match std::fs::remove_dir_all(&to) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                        _ => {}
+                    }
+                    std::fs::rename(&from, &to)?;
+                }
+                // Moved by a daemon that died before it linked it.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.is_dir() => {}
+                Err(e) => return Err(e),
+            }
+            std::os::unix::fs::symlink(&to, &from)
+        };
+        moved().map_err(|source| EnvironmentError::Workspace { path: from, source })
+    }
+
+    /// What `.pool` holds for `machine`, if it is a pool machine: the link a claim left, or
+    /// the workspace a claim taken back never moved. Gone with its environment.
+    pub(super) fn remove_pool_entry(&self, machine: &str) -> std::io::Result<()> {
+        if !machine.starts_with(NAME_PREFIX) {
+            return Ok(());
+        }
+        let entry = self.pool_workspace(machine);
+        match std::fs::symlink_metadata(&entry) {
+            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&entry),
+            Ok(_) => std::fs::remove_file(&entry),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn unpinned_image(&self) -> ImageSource {
+        ImageSource {
+            reference: self.config.image.reference.clone(),
+            pinned: None,
+        }
+    }
+
+    fn pool_dir(&self) -> PathBuf {
+        self.config.workspaces_dir().join(POOL_DIR)
+    }
+
+    fn pool_workspace(&self, machine: &str) -> PathBuf {
+        self.pool_dir().join(machine)
+    }
+
+    /// An empty workspace for pool machine `name`, owned by the environments' user.
+    fn prepare_pool_workspace(&self, name: &str) -> Result<PathBuf, EnvironmentError> {
+        let dir = self.pool_workspace(name);
+        let prepare = || {
+            std::fs::create_dir_all(self.pool_dir())?;
+            std::fs::set_permissions(
+                self.pool_dir(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o700),
+            )?;
+            std::fs::create_dir(&dir)?;
+            std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+            let user = self.config.environment.user;
+            std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid))
+        };
+        prepare().map_err(|source| EnvironmentError::Workspace {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(state_dir: &str, extra: &str) -> Config {
+        Config::parse(&format!(
+            "state_dir = {state_dir:?}\n[identity]\nissuer = \"https://id.test\"\naudience = \"narya\"\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pool_knows_its_own_machines_and_their_configuration() {
+        let pool = Pool::new(&config("/srv/a", ""));
+        assert!(pool.owns(&pool.configuration));
+        let other_daemon = Pool::new(&config("/srv/b", ""));
+        assert!(!pool.owns(&other_daemon.configuration));
+        let other_limits = Pool::new(&config("/srv/a", "[limits]\ncpus = 1.0\n"));
+        assert!(pool.owns(&other_limits.configuration));
+        assert_ne!(pool.configuration, other_limits.configuration);
+        let other_user = Pool::new(&config("/srv/a", "[environment]\nuser = \"1001:1001\"\n"));
+        assert_ne!(pool.configuration, other_user.configuration);
+        assert_eq!(
+            pool.configuration,
+            Pool::new(&config("/srv/a", "")).configuration
+        );
+    }
+
+    #[test]
+    fn pool_machine_names_are_fresh_and_valid_container_names() {
+        let pool = Pool::new(&config("/srv/a", ""));
+        let names: std::collections::HashSet<String> = (0..1000).map(|_| pool.new_name()).collect();
+        assert_eq!(names.len(), 1000);
+        for name in names {
+            assert!(name.starts_with(NAME_PREFIX) && name.len() <= 63, "{name}");
+            assert!(name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'));
+        }
+    }
+}

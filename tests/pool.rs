@@ -1,0 +1,538 @@
+//! The pool of started machines end to end, on the real runtimes: creates served from machines
+//! started before the request, the pool refilled, never a machine of an old digest served,
+//! nothing pooled and claimed at once after a crash, and pooled environments isolated like any.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hyper::StatusCode;
+use narya_runtimes::MachineState;
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+use support::e2e::{body, create, delete, exec, get, unique_id, until, Backend, Host};
+
+/// Two machines kept started, with the limits every test daemon has.
+const POOL_OF_TWO: &str = "[pool]\nsize = 2\n";
+
+/// How long a refill may take on a loaded, shared CI machine.
+const REFILLED_WITHIN: Duration = Duration::from_secs(30);
+
+fn pool_dir(host: &Host) -> PathBuf {
+    host.daemon.dir.path().join("state/workspaces/.pool")
+}
+
+/// This daemon's pool mark, as the daemon derives it from its workspaces directory: the
+/// beginning of every `dev.narya.pool` label it writes.
+fn owner(host: &Host) -> String {
+    let workspaces = host.daemon.dir.path().join("state/workspaces");
+    let digest = Sha256::digest(workspaces.to_string_lossy().as_bytes());
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}-")
+}
+
+/// The runtime's machines this daemon made for its pool, claimed or not, by name.
+async fn pool_machines(host: &Host) -> BTreeSet<String> {
+    let owner = owner(host);
+    // Podman reports a container it is stopping as `stopped`, which the engine API's client
+    // cannot read; such a listing fails until the container is gone or `exited`.
+    let deadline = Instant::now() + REFILLED_WITHIN;
+    let listed = loop {
+        match host.runtime.list().await {
+            Ok(listed) => break listed,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("listing again: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("the runtime lists: {e}"),
+        }
+    };
+    let mut names = BTreeSet::new();
+    for machine in listed {
+        let ours = machine
+            .pool
+            .as_deref()
+            .is_some_and(|p| p.starts_with(&owner))
+            || pool_entry_is_link(host, &machine.id);
+        if ours {
+            names.insert(machine.id);
+        }
+    }
+    names
+}
+
+fn pool_entry_is_link(host: &Host, name: &str) -> bool {
+    std::fs::symlink_metadata(pool_dir(host).join(name)).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// The pool machines waiting to be claimed: an empty workspace of their own, running.
+async fn unclaimed(host: &Host) -> BTreeSet<String> {
+    let Ok(entries) = std::fs::read_dir(pool_dir(host)) else {
+        return BTreeSet::new();
+    };
+    let mut names = BTreeSet::new();
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if host.runtime.inspect(&name).await.ok() == Some(MachineState::Running) {
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// The pool machine environment `id` was served, found by the link its workspace left.
+fn claimed_machine(host: &Host, id: &str) -> Option<String> {
+    let entries = std::fs::read_dir(pool_dir(host)).ok()?;
+    entries.flatten().find_map(|entry| {
+        let target = std::fs::read_link(entry.path()).ok()?;
+        (target == host.workspace(id)).then(|| entry.file_name().to_string_lossy().into_owned())
+    })
+}
+
+/// Waits until `size` machines wait in the pool and answers them.
+async fn full_pool(host: &Host, size: usize) -> BTreeSet<String> {
+    let deadline = Instant::now() + REFILLED_WITHIN;
+    loop {
+        let ready = unclaimed(host).await;
+        if ready.len() >= size {
+            // Started and running; give the daemon a moment to count the last one in.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return ready;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool held {} of {size} after {REFILLED_WITHIN:?}:\n{}",
+            ready.len(),
+            host.daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Stops the daemon and removes every machine it made for its pool: pool machines outlive
+/// the daemon on purpose.
+async fn clean_up(mut host: Host) {
+    tokio::task::block_in_place(|| host.daemon.terminate());
+    for name in pool_machines(&host).await {
+        let _ = host.runtime.remove(&name).await;
+    }
+}
+
+async fn two_creates_are_served_from_the_pool_a_third_is_made_and_the_pool_refills(
+    backend: Backend,
+) {
+    let Some(host) = Host::start_on(backend, POOL_OF_TWO).await else {
+        return;
+    };
+    let started_before = full_pool(&host, 2).await;
+    let client = host.acme();
+    let ids: Vec<String> = (0..3).map(|n| unique_id(&format!("pooled-{n}"))).collect();
+    let creates: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let client = client.clone();
+            let body = json!({ "id": id });
+            tokio::spawn(async move { create(&client, body).await })
+        })
+        .collect();
+    for create in creates {
+        let answer = create.await.unwrap();
+        assert_eq!(answer.status, StatusCode::CREATED, "{:?}", body(&answer));
+        assert_eq!(body(&answer)["status"], "ready");
+    }
+    let served: Vec<Option<String>> = ids.iter().map(|id| claimed_machine(&host, id)).collect();
+    let from_pool: BTreeSet<String> = served.iter().flatten().cloned().collect();
+    assert_eq!(
+        from_pool, started_before,
+        "two creates were served the machines started before the requests: {served:?}"
+    );
+    let made = ids
+        .iter()
+        .zip(&served)
+        .find(|(_, machine)| machine.is_none())
+        .map(|(id, _)| id.clone())
+        .expect("a third create made its own machine");
+    assert_eq!(host.state(&made).await, MachineState::Running);
+
+    for id in &ids {
+        let answer = exec(&client, id, &["sh", "-c", "id -u; pwd; ls -A | wc -l"]).await;
+        let result = body(&answer);
+        assert_eq!(result["exit_code"], 0, "{result}");
+        assert_eq!(result["output"], "1000\n/workspace\n0\n", "{id}: {result}");
+    }
+    // The creates ran at once: whichever two the pool served.
+    let (pooled, machine) = ids
+        .iter()
+        .zip(&served)
+        .find_map(|(id, machine)| Some((id.clone(), machine.clone()?)))
+        .expect("a create served from the pool");
+    let written = exec(&client, &pooled, &["sh", "-c", "echo kept > /workspace/f"]).await;
+    assert_eq!(body(&written)["exit_code"], 0);
+    assert_eq!(
+        std::fs::read_to_string(host.workspace(&pooled).join("f")).unwrap(),
+        "kept\n",
+        "the claimed machine's workspace is the environment's"
+    );
+    // A claimed machine that stops is started again by the reconciler, with its workspace:
+    // its mount names the pool's path, which now links to the environment's.
+    host.kill_machine(&machine).await;
+    let deadline = Instant::now() + REFILLED_WITHIN;
+    loop {
+        let read = body(&exec(&client, &pooled, &["cat", "/workspace/f"]).await);
+        if read["output"] == "kept\n" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not back with its workspace: {read}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let listed = support::e2e::list(&client).await;
+    assert_eq!(
+        listed.len(),
+        3,
+        "pool machines are no environments: {listed:?}"
+    );
+    assert!(support::e2e::list(&host.client("globex")).await.is_empty());
+
+    let refilled = full_pool(&host, 2).await;
+    assert!(
+        refilled.is_disjoint(&from_pool),
+        "claimed machines are never pooled again"
+    );
+
+    for id in &ids {
+        assert_eq!(delete(&client, id).await.status, StatusCode::NO_CONTENT);
+        assert!(!host.workspace(id).exists());
+    }
+    for machine in &from_pool {
+        assert_eq!(
+            host.runtime.inspect(machine).await.unwrap(),
+            MachineState::Missing,
+            "a deleted pooled environment's machine is removed"
+        );
+        assert!(!pool_dir(&host).join(machine).exists());
+    }
+    clean_up(host).await;
+}
+
+async fn a_pool_machine_that_stops_is_replaced_and_never_served(backend: Backend) {
+    let Some(host) = Host::start_on(backend, POOL_OF_TWO).await else {
+        return;
+    };
+    let before = full_pool(&host, 2).await;
+    let stopped = before.iter().next().unwrap().clone();
+    host.kill_machine(&stopped).await;
+    let deadline = Instant::now() + REFILLED_WITHIN;
+    // Podman answers 500 for a container in the middle of its removal: ask again.
+    while host.runtime.inspect(&stopped).await.ok() != Some(MachineState::Missing) {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped pool machine was not removed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = full_pool(&host, 2).await;
+    assert!(!after.contains(&stopped));
+    clean_up(host).await;
+}
+
+async fn a_pooled_environment_is_isolated_and_bounded_like_any_other(backend: Backend) {
+    let extra =
+        format!("{POOL_OF_TWO}[limits]\nmemory = \"256MiB\"\npids = 256\ntmp = \"32MiB\"\n");
+    let Some(host) = Host::start_on(backend, &extra).await else {
+        return;
+    };
+    full_pool(&host, 2).await;
+    let client = host.acme();
+    let (first, second) = (unique_id("pool-iso-a"), unique_id("pool-iso-b"));
+    for id in [&first, &second] {
+        let answer = create(&client, json!({ "id": id })).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{:?}", body(&answer));
+        assert!(
+            claimed_machine(&host, id).is_some(),
+            "{id} was served from the pool"
+        );
+    }
+    let loopback = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = loopback.local_addr().unwrap().port();
+    let script = format!(
+        "grep '^Seccomp:' /proc/self/status; grep '^CapEff:' /proc/self/status; \
+         cat /proc/self/oom_score_adj; ulimit -n; unshare -Ur id 2>/dev/null || echo refused; \
+         timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo reached || echo unreached"
+    );
+    let result = body(&exec(&client, &first, &["sh", "-c", &script]).await);
+    let output = result["output"].as_str().unwrap_or_default();
+    let lines: Vec<&str> = output.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "Seccomp:\t2",
+            "CapEff:\t0000000000000000",
+            "500",
+            "1024",
+            "refused",
+            "unreached"
+        ],
+        "{result}"
+    );
+    loopback.set_nonblocking(true).unwrap();
+    assert!(
+        loopback.accept().is_err(),
+        "the host's loopback was reached"
+    );
+    // Past the memory limit: killed inside (dd holds one block of 512 MiB in 256).
+    let hog = body(
+        &exec(
+            &client,
+            &first,
+            &[
+                "sh",
+                "-c",
+                "dd if=/dev/zero of=/dev/null bs=512M count=1 2>/dev/null; exit $?",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(hog["exit_code"], 137, "{hog}");
+    until(&client, &first, REFILLED_WITHIN, "ready", |e| {
+        e["status"] == "ready"
+    })
+    .await;
+    for id in [&first, &second] {
+        assert_eq!(delete(&client, id).await.status, StatusCode::NO_CONTENT);
+    }
+    clean_up(host).await;
+}
+
+/// SIGKILL while creates claim pool machines: after a restart each environment is recorded
+/// with its machine or absent, no machine is both pooled and claimed, and nothing leaks.
+async fn a_sigkill_during_claims_leaves_each_environment_recorded_or_absent(backend: Backend) {
+    let extra = "[pool]\nsize = 4\n";
+    let Some(mut host) = Host::start_on(backend, extra).await else {
+        return;
+    };
+    full_pool(&host, 4).await;
+    let client = host.acme();
+    let ids: Vec<String> = (0..6).map(|n| unique_id(&format!("killed-{n}"))).collect();
+    for id in &ids {
+        let client = client.clone();
+        let body = json!({ "id": id });
+        tokio::spawn(async move { create(&client, body).await });
+    }
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    tokio::task::block_in_place(|| {
+        host.daemon.kill();
+        host.daemon.restart();
+    });
+    let client = host.acme();
+    full_pool(&host, 4).await;
+    let mut claimed = BTreeSet::new();
+    for id in &ids {
+        let answer = get(&client, id).await;
+        match answer.status {
+            StatusCode::NOT_FOUND => {
+                assert!(
+                    claimed_machine(&host, id).is_none(),
+                    "{id}: absent, yet claimed"
+                );
+            }
+            StatusCode::OK => {
+                let env = until(&client, id, Duration::from_secs(60), "settled", |e| {
+                    e["status_detail"] != "provisioning"
+                })
+                .await;
+                if let Some(machine) = claimed_machine(&host, id) {
+                    assert_eq!(env["status"], "ready", "{id}: {env}");
+                    assert_eq!(
+                        host.runtime.inspect(&machine).await.unwrap(),
+                        MachineState::Running,
+                        "{id} is recorded with its machine"
+                    );
+                    claimed.insert(machine);
+                }
+            }
+            other => panic!("{id}: {other}"),
+        }
+    }
+    let waiting = unclaimed(&host).await;
+    assert!(
+        waiting.is_disjoint(&claimed),
+        "never both pooled and claimed"
+    );
+    let ours = pool_machines(&host).await;
+    let accounted: BTreeSet<String> = waiting.union(&claimed).cloned().collect();
+    assert_eq!(
+        ours, accounted,
+        "every pool machine is pooled or claimed: none leaked"
+    );
+    for id in &ids {
+        let _ = delete(&client, id).await;
+        host.remove(id).await;
+    }
+    clean_up(host).await;
+}
+
+on_every_engine!(
+    two_creates_are_served_from_the_pool_a_third_is_made_and_the_pool_refills,
+    a_pool_machine_that_stops_is_replaced_and_never_served,
+    a_pooled_environment_is_isolated_and_bounded_like_any_other,
+    a_sigkill_during_claims_leaves_each_environment_recorded_or_absent,
+);
+
+/// Repacks the official image with another creation time: the same files, a new digest.
+fn another_image(layout: &str, out: &std::path::Path) -> String {
+    let layout = narya_oci::layout::Layout::open(layout).unwrap();
+    let (manifest, _) = layout.manifest(&layout.resolve().unwrap()).unwrap();
+    let layer = layout.blob_path(&manifest.layers[0].digest);
+    let rootfs = out.with_extension("rootfs.tar");
+    let gunzip = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "gzip -dc {} > {}",
+            layer.display(),
+            rootfs.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(gunzip.success());
+    let packed = std::process::Command::new(env!("CARGO_BIN_EXE_naryad"))
+        .args([
+            "pack-image",
+            "--created",
+            "2031-01-01T00:00:00Z",
+            "--rootfs",
+        ])
+        .arg(&rootfs)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        packed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&packed.stderr)
+    );
+    String::from_utf8(packed.stdout).unwrap().trim().to_owned()
+}
+
+fn push(layout: &std::path::Path, reference: &str) {
+    let pushed = std::process::Command::new("skopeo")
+        .args([
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("oci:{}:official", layout.display()))
+        .arg(format!("docker://{reference}"))
+        .output()
+        .expect("skopeo runs");
+    assert!(
+        pushed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+}
+
+/// The tag moves to a new digest and the daemon restarts: the pool machines of the old digest
+/// are removed before any is served, new creates get the new digest, existing environments
+/// keep theirs.
+async fn a_new_digest_behind_the_tag_replaces_the_pool_at_restart(backend: Backend) {
+    let Some((socket, layout)) = support::e2e::requirements_for(backend) else {
+        return;
+    };
+    let Ok(registry) = std::env::var("NARYA_TEST_REGISTRY") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "NARYA_TEST_REGISTRY is not set"
+        );
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let reference = format!(
+        "{registry}/narya-test/pool-moving-{}-{backend:?}:v",
+        std::process::id()
+    )
+    .to_lowercase();
+    tokio::task::block_in_place(|| push(std::path::Path::new(&layout), &reference));
+    let old = narya_oci::layout::Layout::open(&layout)
+        .unwrap()
+        .resolve()
+        .unwrap()
+        .to_string();
+    let extra = format!("[image]\ninsecure_registries = [{registry:?}]\n{POOL_OF_TWO}");
+    let mut host =
+        Host::start_with_on(backend, &socket, &reference, &extra, &socket, &layout).await;
+    let old_pool = full_pool(&host, 2).await;
+    let client = host.acme();
+    let existing = unique_id("pinned-old");
+    let created = create(&client, json!({ "id": existing })).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", body(&created));
+    assert_eq!(body(&created)["image_digest"], old);
+    let old_pool: BTreeSet<String> = full_pool(&host, 2)
+        .await
+        .union(&old_pool)
+        .filter(|m| claimed_machine(&host, &existing).as_ref() != Some(*m))
+        .cloned()
+        .collect();
+
+    let newer = scratch.path().join("newer");
+    let new = tokio::task::block_in_place(|| another_image(&layout, &newer));
+    assert_ne!(new, old);
+    tokio::task::block_in_place(|| {
+        push(&newer, &reference);
+        assert_eq!(host.daemon.terminate().code(), Some(0));
+        host.daemon.restart();
+    });
+    let client = host.acme();
+    let fresh = unique_id("pinned-new");
+    let created = create(&client, json!({ "id": fresh })).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", body(&created));
+    assert_eq!(
+        body(&created)["image_digest"],
+        new,
+        "no machine of the old digest is served"
+    );
+    let new_pool = full_pool(&host, 2).await;
+    assert!(new_pool.is_disjoint(&old_pool));
+    for machine in &old_pool {
+        assert_eq!(
+            host.runtime.inspect(machine).await.unwrap(),
+            MachineState::Missing
+        );
+    }
+    for machine in host.runtime.list().await.unwrap() {
+        if new_pool.contains(&machine.id) {
+            assert_eq!(
+                machine.digest.map(|d| d.to_string()).as_deref(),
+                Some(new.as_str())
+            );
+        }
+    }
+    let kept = body(&get(&client, &existing).await);
+    assert_eq!(
+        kept["image_digest"], old,
+        "an existing environment keeps its digest"
+    );
+    for id in [&existing, &fresh] {
+        assert_eq!(delete(&client, id).await.status, StatusCode::NO_CONTENT);
+    }
+    clean_up(host).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_digest_behind_the_tag_replaces_the_pool_at_restart_on_containerd() {
+    a_new_digest_behind_the_tag_replaces_the_pool_at_restart(Backend::Containerd).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_digest_behind_the_tag_replaces_the_pool_at_restart_on_docker() {
+    a_new_digest_behind_the_tag_replaces_the_pool_at_restart(Backend::Docker).await
+}
