@@ -11,7 +11,7 @@ use super::create::{Announce, PROGRESS_BACKLOG};
 use super::pool::Pooled;
 use super::{CreateRequest, EnvironmentError, Environments, Progress, PROVISIONING};
 use crate::auth::Principal;
-use crate::model::{now_rfc3339, SetupState, SetupStep, Status};
+use crate::model::{now_rfc3339, SetupStep, Status};
 use crate::store::EnvironmentRecord;
 
 impl Environments {
@@ -153,34 +153,9 @@ impl Environments {
             let _ = events.send(Progress::started("machine"));
             self.bind_pooled(row).await?;
             let _ = events.send(Progress::finished("machine"));
-            match &request.setup {
-                Some(script) => {
-                    let _ = events.send(Progress::started("setup"));
-                    let setup = self.run_setup(&row.machine, script, events);
-                    let setup = self.metrics.create_step("setup", setup).await?;
-                    let _ = events.send(Progress::finished("setup"));
-                    Ok(Some(setup))
-                }
-                None => Ok(None),
-            }
+            self.setup_step(&row.machine, request, events).await
         }
         .await;
-        let setup = match made {
-            Ok(setup) => setup,
-            Err(e) => {
-                self.undo(row, &e).await;
-                return Err(e);
-            }
-        };
-        row.status = match &setup {
-            Some(s) if s.state != SetupState::Succeeded => Status::Unusable,
-            _ => Status::Ready,
-        };
-        row.status_detail = None;
-        row.setup = setup;
-        row.setup_recorded = true;
-        row.updated_at = now_rfc3339();
-        self.store.record(row).await?;
-        Ok(())
+        self.record_made(row, made).await
     }
 }

@@ -14,7 +14,7 @@ use super::{machine_name, CreateRequest, EnvironmentError, Environments, Progres
 use crate::auth::Principal;
 use crate::model::{now_rfc3339, EnvironmentId, SetupState, SetupStep, Status};
 use crate::organisation::CloneSource;
-use crate::store::EnvironmentRecord;
+use crate::store::{EnvironmentRecord, SetupRecord};
 
 /// How the status detail of a create whose undo the runtime refused begins; the reconciler
 /// finishes such undos.
@@ -382,18 +382,36 @@ impl Environments {
             drop(starting);
             let _ = events.send(Progress::finished("machine"));
             tracing::info!("machine started");
-            match &request.setup {
-                Some(script) => {
-                    let _ = events.send(Progress::started("setup"));
-                    let setup = self.run_setup(&row.machine, script, events);
-                    let setup = self.metrics.create_step("setup", setup).await?;
-                    let _ = events.send(Progress::finished("setup"));
-                    Ok(Some(setup))
-                }
-                None => Ok(None),
-            }
+            self.setup_step(&row.machine, request, events).await
         }
         .await;
+        self.record_made(row, made).await
+    }
+
+    /// The last step of a create: `request`'s setup, if it has one, run in `machine`.
+    pub(super) async fn setup_step(
+        &self,
+        machine: &str,
+        request: &CreateRequest,
+        events: &broadcast::Sender<Progress>,
+    ) -> Result<Option<SetupRecord>, EnvironmentError> {
+        let Some(script) = &request.setup else {
+            return Ok(None);
+        };
+        let _ = events.send(Progress::started("setup"));
+        let setup = self.run_setup(machine, script, events);
+        let setup = self.metrics.create_step("setup", setup).await?;
+        let _ = events.send(Progress::finished("setup"));
+        Ok(Some(setup))
+    }
+
+    /// Records what a create made (`made`: its setup's outcome, if it had one), or takes back
+    /// what it made when making failed.
+    pub(super) async fn record_made(
+        &self,
+        row: &mut EnvironmentRecord,
+        made: Result<Option<SetupRecord>, EnvironmentError>,
+    ) -> Result<(), EnvironmentError> {
         let setup = match made {
             Ok(setup) => setup,
             Err(e) => {
