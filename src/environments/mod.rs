@@ -195,16 +195,21 @@ impl Environments {
                 std::fs::remove_dir_all(&dir)?;
             }
             std::fs::create_dir_all(&dir)?;
-            // Only the environment's user (and root) may read what its sessions leave there.
-            std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-            let user = self.config.environment.user;
-            std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid))
+            self.make_users_own(&dir)
         };
         prepare().map_err(|source| EnvironmentError::Workspace {
             path: dir.clone(),
             source,
         })?;
         Ok(dir)
+    }
+
+    /// Gives workspace directory `dir` to the environments' user, readable by nobody else (but
+    /// root): what sessions leave there is theirs.
+    fn make_users_own(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let user = self.config.environment.user;
+        std::os::unix::fs::chown(dir, Some(user.uid), Some(user.gid))
     }
 
     /// Removes `row`'s workspace (and what `.pool` holds for its machine, when that was a

@@ -509,9 +509,7 @@ impl Environments {
                 std::os::unix::fs::PermissionsExt::from_mode(0o700),
             )?;
             std::fs::create_dir(&dir)?;
-            std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-            let user = self.config.environment.user;
-            std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid))
+            self.make_users_own(&dir)
         };
         prepare().map_err(|source| EnvironmentError::Workspace {
             path: dir.clone(),
