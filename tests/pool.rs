@@ -386,61 +386,6 @@ on_every_engine!(
     a_sigkill_during_claims_leaves_each_environment_recorded_or_absent,
 );
 
-/// Repacks the official image with another creation time: the same files, a new digest.
-fn another_image(layout: &str, out: &std::path::Path) -> String {
-    let layout = narya_oci::layout::Layout::open(layout).unwrap();
-    let (manifest, _) = layout.manifest(&layout.resolve().unwrap()).unwrap();
-    let layer = layout.blob_path(&manifest.layers[0].digest);
-    let rootfs = out.with_extension("rootfs.tar");
-    let gunzip = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "gzip -dc {} > {}",
-            layer.display(),
-            rootfs.display()
-        ))
-        .status()
-        .unwrap();
-    assert!(gunzip.success());
-    let packed = std::process::Command::new(env!("CARGO_BIN_EXE_naryad"))
-        .args([
-            "pack-image",
-            "--created",
-            "2031-01-01T00:00:00Z",
-            "--rootfs",
-        ])
-        .arg(&rootfs)
-        .arg("--out")
-        .arg(out)
-        .output()
-        .unwrap();
-    assert!(
-        packed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&packed.stderr)
-    );
-    String::from_utf8(packed.stdout).unwrap().trim().to_owned()
-}
-
-fn push(layout: &std::path::Path, reference: &str) {
-    let pushed = std::process::Command::new("skopeo")
-        .args([
-            "copy",
-            "--quiet",
-            "--preserve-digests",
-            "--dest-tls-verify=false",
-        ])
-        .arg(format!("oci:{}:official", layout.display()))
-        .arg(format!("docker://{reference}"))
-        .output()
-        .expect("skopeo runs");
-    assert!(
-        pushed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&pushed.stderr)
-    );
-}
-
 /// The tag moves to a new digest and the daemon restarts: the pool machines of the old digest
 /// are removed before any is served, new creates get the new digest, existing environments
 /// keep theirs.
@@ -461,7 +406,9 @@ async fn a_new_digest_behind_the_tag_replaces_the_pool_at_restart(backend: Backe
         std::process::id()
     )
     .to_lowercase();
-    tokio::task::block_in_place(|| push(std::path::Path::new(&layout), &reference));
+    tokio::task::block_in_place(|| {
+        support::images::push(std::path::Path::new(&layout), &reference)
+    });
     let old = narya_oci::layout::Layout::open(&layout)
         .unwrap()
         .resolve()
@@ -484,10 +431,12 @@ async fn a_new_digest_behind_the_tag_replaces_the_pool_at_restart(backend: Backe
         .collect();
 
     let newer = scratch.path().join("newer");
-    let new = tokio::task::block_in_place(|| another_image(&layout, &newer));
+    let new = tokio::task::block_in_place(|| {
+        support::images::another_image(&layout, &newer, "2031-01-01T00:00:00Z")
+    });
     assert_ne!(new, old);
     tokio::task::block_in_place(|| {
-        push(&newer, &reference);
+        support::images::push(&newer, &reference);
         assert_eq!(host.daemon.terminate().code(), Some(0));
         host.daemon.restart();
     });

@@ -360,61 +360,6 @@ async fn a_create_whose_undo_the_runtime_refused_ends_unusable_once_it_is_back(b
     host.remove(&id).await;
 }
 
-/// Repacks the official image with another creation time: the same files, a new digest.
-fn another_image(layout: &str, out: &std::path::Path) -> String {
-    let layout = narya_oci::layout::Layout::open(layout).unwrap();
-    let (manifest, _) = layout.manifest(&layout.resolve().unwrap()).unwrap();
-    let layer = layout.blob_path(&manifest.layers[0].digest);
-    let rootfs = out.with_extension("rootfs.tar");
-    let gunzip = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "gzip -dc {} > {}",
-            layer.display(),
-            rootfs.display()
-        ))
-        .status()
-        .unwrap();
-    assert!(gunzip.success());
-    let packed = std::process::Command::new(env!("CARGO_BIN_EXE_naryad"))
-        .args([
-            "pack-image",
-            "--created",
-            "2030-01-01T00:00:00Z",
-            "--rootfs",
-        ])
-        .arg(&rootfs)
-        .arg("--out")
-        .arg(out)
-        .output()
-        .unwrap();
-    assert!(
-        packed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&packed.stderr)
-    );
-    String::from_utf8(packed.stdout).unwrap().trim().to_owned()
-}
-
-fn push(layout: &std::path::Path, reference: &str) {
-    let pushed = std::process::Command::new("skopeo")
-        .args([
-            "copy",
-            "--quiet",
-            "--preserve-digests",
-            "--dest-tls-verify=false",
-        ])
-        .arg(format!("oci:{}:official", layout.display()))
-        .arg(format!("docker://{reference}"))
-        .output()
-        .expect("skopeo runs");
-    assert!(
-        pushed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&pushed.stderr)
-    );
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn environments_keep_their_digest_when_the_tag_moves_and_everything_restarts() {
     let Some((_, layout)) = requirements() else {
@@ -430,7 +375,7 @@ async fn environments_keep_their_digest_when_the_tag_moves_and_everything_restar
     let mut containerd = tokio::task::block_in_place(PrivateContainerd::start);
     let scratch = tempfile::tempdir().unwrap();
     let reference = format!("{registry}/narya-test/moving-{}:v", std::process::id());
-    push(std::path::Path::new(&layout), &reference);
+    support::images::push(std::path::Path::new(&layout), &reference);
     let old = narya_oci::layout::Layout::open(&layout)
         .unwrap()
         .resolve()
@@ -462,9 +407,11 @@ async fn environments_keep_their_digest_when_the_tag_moves_and_everything_restar
     assert_eq!(body(&created)["image_digest"], old);
 
     let newer_dir = scratch.path().join("newer");
-    let new = tokio::task::block_in_place(|| another_image(&layout, &newer_dir));
+    let new = tokio::task::block_in_place(|| {
+        support::images::another_image(&layout, &newer_dir, "2030-01-01T00:00:00Z")
+    });
     assert_ne!(new, old);
-    tokio::task::block_in_place(|| push(&newer_dir, &reference));
+    tokio::task::block_in_place(|| support::images::push(&newer_dir, &reference));
 
     // Everything stops and starts again: the daemon and the runtime.
     tokio::task::block_in_place(|| {

@@ -8,6 +8,7 @@ pub mod github;
 pub mod github_git;
 pub mod github_oauth;
 pub mod idp;
+pub mod images;
 pub mod network;
 pub mod private;
 
