@@ -114,9 +114,92 @@ async fn full_pool(host: &Host, size: usize) -> BTreeSet<String> {
     }
 }
 
+/// A host whose pool machines go with it even when the test fails: pool machines outlive
+/// their daemon on purpose, so a panicking test would leave them running. On drop the daemon
+/// is stopped first (it would start new ones), then every machine named in its pool directory
+/// (claimed ones leave a link there) or labelled with its pool mark is removed with the
+/// runtime's own client.
+struct PoolHost(Option<Host>);
+
+impl std::ops::Deref for PoolHost {
+    type Target = Host;
+    fn deref(&self) -> &Host {
+        self.0.as_ref().expect("the host is there until drop")
+    }
+}
+
+impl std::ops::DerefMut for PoolHost {
+    fn deref_mut(&mut self) -> &mut Host {
+        self.0.as_mut().expect("the host is there until drop")
+    }
+}
+
+impl Drop for PoolHost {
+    fn drop(&mut self) {
+        let Some(host) = self.0.take() else {
+            return;
+        };
+        let (backend, socket, owner) = (host.backend, host.socket.clone(), owner(&host));
+        let mut names: BTreeSet<String> = std::fs::read_dir(pool_dir(&host))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        drop(host);
+        let run = |program: &str, args: &[&str]| {
+            std::process::Command::new(program)
+                .args(args)
+                .output()
+                .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        match backend {
+            Backend::Containerd => {
+                let ctr = ["--address", &socket, "--namespace", support::e2e::NAMESPACE];
+                let filter = format!("labels.\"dev.narya.pool\"~=\"^{owner}\"");
+                let listed = run(
+                    "ctr",
+                    &[&ctr[..], &["containers", "ls", "-q", &filter]].concat(),
+                );
+                names.extend(listed.split_whitespace().map(str::to_owned));
+                for name in &names {
+                    run("ctr", &[&ctr[..], &["tasks", "rm", "-f", name]].concat());
+                    run("ctr", &[&ctr[..], &["containers", "rm", name]].concat());
+                }
+            }
+            Backend::Docker | Backend::Podman => {
+                let host = format!("unix://{socket}");
+                let listed = run(
+                    "docker",
+                    &[
+                        "-H",
+                        &host,
+                        "ps",
+                        "-a",
+                        "--filter",
+                        "label=dev.narya.pool",
+                        "--format",
+                        "{{.Names}} {{.Label \"dev.narya.pool\"}}",
+                    ],
+                );
+                names.extend(listed.lines().filter_map(|line| {
+                    let (name, mark) = line.split_once(' ')?;
+                    mark.starts_with(&owner).then(|| name.to_owned())
+                }));
+                for name in &names {
+                    run("docker", &["-H", &host, "rm", "-f", name]);
+                }
+            }
+        }
+    }
+}
+
 /// Stops the daemon and removes every machine it made for its pool: pool machines outlive
 /// the daemon on purpose.
-async fn clean_up(mut host: Host) {
+async fn clean_up(mut host: PoolHost) {
     tokio::task::block_in_place(|| host.daemon.terminate());
     for name in pool_machines(&host).await {
         let _ = host.runtime.remove(&name).await;
@@ -129,6 +212,7 @@ async fn two_creates_are_served_from_the_pool_a_third_is_made_and_the_pool_refil
     let Some(host) = Host::start_on(backend, POOL_OF_TWO).await else {
         return;
     };
+    let host = PoolHost(Some(host));
     let started_before = full_pool(&host, 2).await;
     let client = host.acme();
     let ids: Vec<String> = (0..3).map(|n| unique_id(&format!("pooled-{n}"))).collect();
@@ -226,6 +310,7 @@ async fn a_pool_machine_that_stops_is_replaced_and_never_served(backend: Backend
     let Some(host) = Host::start_on(backend, POOL_OF_TWO).await else {
         return;
     };
+    let host = PoolHost(Some(host));
     let before = full_pool(&host, 2).await;
     let stopped = before.iter().next().unwrap().clone();
     host.kill_machine(&stopped).await;
@@ -249,6 +334,7 @@ async fn a_pooled_environment_is_isolated_and_bounded_like_any_other(backend: Ba
     let Some(host) = Host::start_on(backend, &extra).await else {
         return;
     };
+    let host = PoolHost(Some(host));
     full_pool(&host, 2).await;
     let client = host.acme();
     let (first, second) = (unique_id("pool-iso-a"), unique_id("pool-iso-b"));
@@ -315,9 +401,10 @@ async fn a_pooled_environment_is_isolated_and_bounded_like_any_other(backend: Ba
 /// with its machine or absent, no machine is both pooled and claimed, and nothing leaks.
 async fn a_sigkill_during_claims_leaves_each_environment_recorded_or_absent(backend: Backend) {
     let extra = "[pool]\nsize = 4\n";
-    let Some(mut host) = Host::start_on(backend, extra).await else {
+    let Some(host) = Host::start_on(backend, extra).await else {
         return;
     };
+    let mut host = PoolHost(Some(host));
     full_pool(&host, 4).await;
     let client = host.acme();
     let ids: Vec<String> = (0..6).map(|n| unique_id(&format!("killed-{n}"))).collect();
@@ -415,8 +502,9 @@ async fn a_new_digest_behind_the_tag_replaces_the_pool_at_restart(backend: Backe
         .unwrap()
         .to_string();
     let extra = format!("[image]\ninsecure_registries = [{registry:?}]\n{POOL_OF_TWO}");
-    let mut host =
-        Host::start_with_on(backend, &socket, &reference, &extra, &socket, &layout).await;
+    let mut host = PoolHost(Some(
+        Host::start_with_on(backend, &socket, &reference, &extra, &socket, &layout).await,
+    ));
     let old_pool = full_pool(&host, 2).await;
     let client = host.acme();
     let existing = unique_id("pinned-old");
