@@ -118,7 +118,8 @@ async fn full_pool(host: &Host, size: usize) -> BTreeSet<String> {
 /// their daemon on purpose, so a panicking test would leave them running. On drop the daemon
 /// is stopped first (it would start new ones), then every machine named in its pool directory
 /// (claimed ones leave a link there) or labelled with its pool mark is removed with the
-/// runtime's own client.
+/// runtime's own client, and then its network and firewall chains (a Podman network left
+/// behind holds its subnet, which a later test may lease).
 struct PoolHost(Option<Host>);
 
 impl std::ops::Deref for PoolHost {
@@ -140,6 +141,10 @@ impl Drop for PoolHost {
             return;
         };
         let (backend, socket, owner) = (host.backend, host.socket.clone(), owner(&host));
+        // The daemon keeps its network and chains while machines of its remain (its pool's do).
+        let tag = narya_runtimes::network::tag_for(
+            &host.daemon.dir.path().join("state").display().to_string(),
+        );
         let mut names: BTreeSet<String> = std::fs::read_dir(pool_dir(&host))
             .map(|entries| {
                 entries
@@ -192,8 +197,13 @@ impl Drop for PoolHost {
                 for name in &names {
                     run("docker", &["-H", &host, "rm", "-f", name]);
                 }
+                run(
+                    "docker",
+                    &["-H", &host, "network", "rm", &format!("narya-{tag}")],
+                );
             }
         }
+        narya_runtimes::network::remove_chains_of(&tag);
     }
 }
 
