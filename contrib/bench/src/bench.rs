@@ -130,6 +130,20 @@ async fn timed<T>(work: impl Future<Output = Result<T>>) -> Result<(Duration, T)
     Ok((start.elapsed(), value))
 }
 
+/// Keeps the first few failures of a row, verbatim, for its report.
+fn note(failures: &mut Vec<String>, e: anyhow::Error) {
+    if failures.len() < 5 {
+        failures.push(format!("{e:#}"));
+    }
+}
+
+/// One round of creates started at once through the daemon.
+struct OursAtOnce {
+    wall: Duration,
+    made: Vec<String>,
+    failed: Vec<(String, anyhow::Error)>,
+}
+
 impl Bench {
     pub fn new(
         plan: Plan,
@@ -475,6 +489,60 @@ impl Bench {
         }
     }
 
+    /// Creates `{group}0` … `{group}{n-1}` through the daemon, all at once, and times the
+    /// round until the last answers.
+    async fn create_ours_at_once(self: &Arc<Self>, group: &str, n: usize) -> OursAtOnce {
+        let mut set = JoinSet::new();
+        let start = Instant::now();
+        for i in 0..n {
+            let (bench, id) = (self.clone(), format!("{group}{i}"));
+            set.spawn(async move {
+                let outcome = bench.create_ours(&id).await.map(|_| ());
+                (id, outcome)
+            });
+        }
+        let outcomes = set.join_all().await;
+        let wall = start.elapsed();
+        let mut round = OursAtOnce {
+            wall,
+            made: Vec::new(),
+            failed: Vec::new(),
+        };
+        for (id, outcome) in outcomes {
+            match outcome {
+                Ok(()) => round.made.push(id),
+                Err(e) => round.failed.push((id, e)),
+            }
+        }
+        round
+    }
+
+    /// Starts `{group}0` … `{group}{n-1}` with the raw runtime, all at once: the round's wall
+    /// time and the names, with each failure noted in `failures`.
+    async fn create_raw_at_once(
+        self: &Arc<Self>,
+        image: &str,
+        group: &str,
+        n: usize,
+        failures: &mut Vec<String>,
+    ) -> (Duration, Vec<String>, usize) {
+        let ids: Vec<String> = (0..n).map(|i| format!("{group}{i}")).collect();
+        let mut set = JoinSet::new();
+        let start = Instant::now();
+        for id in &ids {
+            let (bench, id, image) = (self.clone(), id.clone(), image.to_owned());
+            set.spawn(async move { bench.create_raw(&image, &id).await });
+        }
+        let outcomes = set.join_all().await;
+        let wall = start.elapsed();
+        let mut errors = 0;
+        for e in outcomes.into_iter().filter_map(Result::err) {
+            errors += 1;
+            note(failures, e);
+        }
+        (wall, ids, errors)
+    }
+
     async fn concurrent(self: &Arc<Self>, image: &str) -> Result<Concurrent> {
         let n = self.plan.concurrency;
         let mut result = Concurrent {
@@ -486,48 +554,23 @@ impl Bench {
             raw_machines: Vec::new(),
             failures: Vec::new(),
         };
-        let note = |failures: &mut Vec<String>, e: anyhow::Error| {
-            if failures.len() < 5 {
-                failures.push(format!("{e:#}"));
-            }
-        };
         for round in 0..self.plan.rounds {
             // The daemon's side.
             let group = format!("{}k{round}-", self.prefix);
-            let ids: Vec<String> = (0..n).map(|i| format!("{group}{i}")).collect();
-            let mut set = JoinSet::new();
-            let start = Instant::now();
-            for id in &ids {
-                let (bench, id) = (self.clone(), id.clone());
-                set.spawn(async move {
-                    let outcome = bench.create_ours(&id).await.map(|_| ());
-                    (id, outcome)
-                });
-            }
-            let outcomes = set.join_all().await;
-            result.ours.push(start.elapsed());
-            let mut made = Vec::new();
-            let mut failed = Vec::new();
-            for (id, outcome) in outcomes {
-                match outcome {
-                    Ok(()) => made.push(id),
-                    Err(e) => {
-                        result.ours_errors += 1;
-                        note(&mut result.failures, e);
-                        failed.push(id);
-                    }
-                }
-            }
+            let ours = self.create_ours_at_once(&group, n).await;
+            result.ours.push(ours.wall);
             result
                 .ours_machines
                 .push(self.raw.running_for_environments(&group).await?);
-            if let Err(e) = self.delete_ours_all(made).await {
+            if let Err(e) = self.delete_ours_all(ours.made).await {
                 result.ours_errors += 1;
                 note(&mut result.failures, e);
             }
             // A failed create may have left a record or a machine, or nothing (then the
             // delete's 404 is right): whatever is left goes directly.
-            for id in failed {
+            for (id, e) in ours.failed {
+                result.ours_errors += 1;
+                note(&mut result.failures, e);
                 if self.delete_ours(&id).await.is_err() {
                     self.raw.remove_quietly(std::slice::from_ref(&id)).await;
                     Self::track(&self.ours_live, &id, false);
@@ -536,19 +579,11 @@ impl Bench {
 
             // The raw runtime's side.
             let group = format!("{}rk{round}-", self.prefix);
-            let ids: Vec<String> = (0..n).map(|i| format!("{group}{i}")).collect();
-            let mut set = JoinSet::new();
-            let start = Instant::now();
-            for id in &ids {
-                let (bench, id, image) = (self.clone(), id.clone(), image.to_owned());
-                set.spawn(async move { bench.create_raw(&image, &id).await });
-            }
-            let outcomes = set.join_all().await;
-            result.raw.push(start.elapsed());
-            for e in outcomes.into_iter().filter_map(Result::err) {
-                result.raw_errors += 1;
-                note(&mut result.failures, e);
-            }
+            let (wall, ids, errors) = self
+                .create_raw_at_once(image, &group, n, &mut result.failures)
+                .await;
+            result.raw.push(wall);
+            result.raw_errors += errors;
             result.raw_machines.push(self.raw.running(&group).await?);
             self.delete_raw(&ids).await?;
         }

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tokio::task::JoinSet;
 
-use super::{timed, Bench, Pair, Plan};
+use super::{note, timed, Bench, Pair, Plan};
 use crate::daemon::{Daemon, Setup};
 use crate::raw::{Backend, Raw};
 use crate::stats::Samples;
@@ -241,63 +240,35 @@ impl Bench {
             from_pool: Vec::new(),
             failures: Vec::new(),
         };
-        let note = |failures: &mut Vec<String>, e: anyhow::Error| {
-            if failures.len() < 5 {
-                failures.push(format!("{e:#}"));
-            }
-        };
         for round in 0..self.plan.rounds {
             self.full_pool(pool_dir, size).await?;
             let group = format!("{}pk{round}-", self.prefix);
-            let ids: Vec<String> = (0..n).map(|i| format!("{group}{i}")).collect();
-            let mut set = JoinSet::new();
-            let start = Instant::now();
-            for id in &ids {
-                let (bench, id) = (self.clone(), id.clone());
-                set.spawn(async move {
-                    let outcome = bench.create_ours(&id).await.map(|_| ());
-                    (id, outcome)
-                });
-            }
-            let outcomes = set.join_all().await;
-            result.ours.push(start.elapsed());
-            let mut made = Vec::new();
-            for (id, outcome) in outcomes {
-                match outcome {
-                    Ok(()) => made.push(id),
-                    Err(e) => {
-                        result.ours_errors += 1;
-                        note(&mut result.failures, e);
-                        if self.delete_ours(&id).await.is_err() {
-                            Self::track(&self.ours_live, &id, false);
-                        }
-                    }
+            let ours = self.create_ours_at_once(&group, n).await;
+            result.ours.push(ours.wall);
+            for (id, e) in ours.failed {
+                result.ours_errors += 1;
+                note(&mut result.failures, e);
+                if self.delete_ours(&id).await.is_err() {
+                    Self::track(&self.ours_live, &id, false);
                 }
             }
             result.from_pool.push(
-                made.iter()
+                ours.made
+                    .iter()
                     .filter(|id| served_from_pool(pool_dir, &workspaces.join(id)))
                     .count(),
             );
-            if let Err(e) = self.delete_ours_all(made).await {
+            if let Err(e) = self.delete_ours_all(ours.made).await {
                 result.ours_errors += 1;
                 note(&mut result.failures, e);
             }
 
             let group = format!("{}prk{round}-", self.prefix);
-            let ids: Vec<String> = (0..n).map(|i| format!("{group}{i}")).collect();
-            let mut set = JoinSet::new();
-            let start = Instant::now();
-            for id in &ids {
-                let (bench, id, image) = (self.clone(), id.clone(), image.to_owned());
-                set.spawn(async move { bench.create_raw(&image, &id).await });
-            }
-            let outcomes = set.join_all().await;
-            result.raw.push(start.elapsed());
-            for e in outcomes.into_iter().filter_map(Result::err) {
-                result.raw_errors += 1;
-                note(&mut result.failures, e);
-            }
+            let (wall, ids, errors) = self
+                .create_raw_at_once(image, &group, n, &mut result.failures)
+                .await;
+            result.raw.push(wall);
+            result.raw_errors += errors;
             self.delete_raw(&ids).await?;
         }
         Ok(result)
