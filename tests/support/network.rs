@@ -1,6 +1,7 @@
 //! Each test daemon's isolated network: a /24 no other test process uses, and on drop the
-//! removal of whatever a killed daemon left on the host (chains, namespace mounts, its Docker
-//! network on the shared engine). Only names made from the daemon's own tag are touched.
+//! removal of whatever a killed daemon left on the host (chains, namespace mounts, its network
+//! on the shared Docker and Podman engines). Only names made from the daemon's own tag are
+//! touched.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,7 +35,13 @@ impl TestNetwork {
         let tag = &self.tag;
         let network = format!("narya-{tag}");
         let mut engine_keeps_it = false;
-        if let Ok(socket) = std::env::var("NARYA_TEST_DOCKER_SOCKET") {
+        // Docker and Podman alike keep a network after its daemon was killed; a Podman
+        // network left behind holds its subnet without a route on the host, so the next lease
+        // could not see it was taken.
+        for variable in ["NARYA_TEST_DOCKER_SOCKET", "NARYA_TEST_PODMAN_SOCKET"] {
+            let Ok(socket) = std::env::var(variable) else {
+                continue;
+            };
             let docker = |args: &[&str]| {
                 Command::new("docker")
                     .args(["-H", &format!("unix://{socket}")])
@@ -43,7 +50,7 @@ impl TestNetwork {
                     .is_ok_and(|o| o.status.success())
             };
             docker(&["network", "rm", &network]);
-            engine_keeps_it = docker(&["network", "inspect", &network]);
+            engine_keeps_it |= docker(&["network", "inspect", &network]);
         }
         // A private engine killed with the daemon's network on it leaves the bridge behind.
         if !engine_keeps_it {
