@@ -5,19 +5,16 @@
 
 mod support;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use hyper::StatusCode;
-use narya::client::Client;
 use narya_runtimes::conformance::Outside;
 use std::time::Duration;
 
 use support::e2e::{body, create, delete, exec, unique_id, until, Backend, Host};
-
-/// What `timeout` exits with when the connect hung: the packets were dropped.
-const DROPPED: i64 = 124;
+use support::network::{address_of, connect, DROPPED};
 
 /// An extra interface with one address of TEST-NET-3 on the host: an address of the host
 /// itself that no service of anyone else's listens on. A veth pair with both ends on the host
@@ -74,33 +71,6 @@ impl Drop for Dummy {
             .args(["link", "del", &self.name])
             .output();
     }
-}
-
-/// The exit status of a TCP connect to `to` from environment `id`, bounded by five seconds.
-async fn connect(client: &Client, id: &str, to: SocketAddr) -> i64 {
-    let script = format!(
-        "timeout 5 bash -c 'exec 3<>/dev/tcp/{}/{}' 2>/dev/null; echo $?",
-        to.ip(),
-        to.port()
-    );
-    let answer = exec(client, id, &["sh", "-c", &script]).await;
-    assert_eq!(answer.status, StatusCode::OK);
-    let result = body(&answer);
-    let output = result["output"].as_str().unwrap_or_default().trim();
-    output
-        .parse()
-        .unwrap_or_else(|_| panic!("no exit status from {id}: {result}"))
-}
-
-/// Environment `id`'s own address.
-async fn address_of(client: &Client, id: &str) -> IpAddr {
-    let script =
-        "awk '/32 host/ { print f } { f = $2 }' /proc/net/fib_trie | grep -v '^127\\.' | head -n 1";
-    let result = body(&exec(client, id, &["sh", "-c", script]).await);
-    let output = result["output"].as_str().unwrap_or_default().trim();
-    output
-        .parse()
-        .unwrap_or_else(|_| panic!("no address in {id}: {result}"))
 }
 
 async fn an_environment_reaches_the_outside_but_not_the_host_nor_another(backend: Backend) {

@@ -5,14 +5,17 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
+use narya_runtimes::conformance::Outside;
 use narya_runtimes::MachineState;
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
 use support::e2e::{body, create, delete, exec, get, unique_id, until, Backend, Host};
+use support::network::{address_of, connect, DROPPED};
 
 /// Two machines kept started, with the limits every test daemon has.
 const POOL_OF_TWO: &str = "[pool]\nsize = 2\n";
@@ -346,16 +349,22 @@ async fn a_pooled_environment_is_isolated_and_bounded_like_any_other(backend: Ba
     };
     let host = PoolHost(Some(host));
     full_pool(&host, 2).await;
-    let client = host.acme();
+    let scratch = tempfile::tempdir().unwrap();
+    let outside = Outside::start(scratch.path()).expect("a stand-in for the internet");
+    let metadata =
+        Outside::start_link_local(scratch.path()).expect("a stand-in for a metadata service");
+    // Two pooled environments of two organisations: the pool's machines were made for nobody.
+    let (acme, globex) = (host.acme(), host.client("globex"));
     let (first, second) = (unique_id("pool-iso-a"), unique_id("pool-iso-b"));
-    for id in [&first, &second] {
-        let answer = create(&client, json!({ "id": id })).await;
+    for (client, id) in [(&acme, &first), (&globex, &second)] {
+        let answer = create(client, json!({ "id": id })).await;
         assert_eq!(answer.status, StatusCode::CREATED, "{:?}", body(&answer));
         assert!(
             claimed_machine(&host, id).is_some(),
             "{id} was served from the pool"
         );
     }
+    let client = acme.clone();
     let loopback = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).unwrap();
     let port = loopback.local_addr().unwrap().port();
     let script = format!(
@@ -378,6 +387,21 @@ async fn a_pooled_environment_is_isolated_and_bounded_like_any_other(backend: Ba
         ],
         "{result}"
     );
+    assert_eq!(
+        connect(&client, &first, outside.addr).await,
+        0,
+        "the outside is reachable"
+    );
+    let status = connect(&client, &first, metadata.addr).await;
+    assert_eq!(status, DROPPED, "the link-local address {}", metadata.addr);
+    let (at_first, at_second) = (
+        address_of(&client, &first).await,
+        address_of(&globex, &second).await,
+    );
+    let status = connect(&client, &first, SocketAddr::new(at_second, 9)).await;
+    assert_eq!(status, DROPPED, "globex's environment at {at_second}");
+    let status = connect(&globex, &second, SocketAddr::new(at_first, 9)).await;
+    assert_eq!(status, DROPPED, "acme's environment at {at_first}");
     loopback.set_nonblocking(true).unwrap();
     assert!(
         loopback.accept().is_err(),
@@ -401,8 +425,8 @@ async fn a_pooled_environment_is_isolated_and_bounded_like_any_other(backend: Ba
         e["status"] == "ready"
     })
     .await;
-    for id in [&first, &second] {
-        assert_eq!(delete(&client, id).await.status, StatusCode::NO_CONTENT);
+    for (client, id) in [(&acme, &first), (&globex, &second)] {
+        assert_eq!(delete(client, id).await.status, StatusCode::NO_CONTENT);
     }
     clean_up(host).await;
 }

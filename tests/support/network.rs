@@ -1,13 +1,49 @@
 //! Each test daemon's isolated network: a /24 no other test process uses, and on drop the
 //! removal of whatever a killed daemon left on the host (chains, namespace mounts, its network
 //! on the shared Docker and Podman engines). Only names made from the daemon's own tag are
-//! touched.
+//! touched. And what an environment reaches, asked from inside it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::net::{IpAddr, SocketAddr};
+
+use hyper::StatusCode;
+use narya::client::Client;
 use narya_runtimes::conformance::{lease_subnet, SubnetLease};
 use narya_runtimes::network::tag_for;
+
+use super::e2e::{body, exec};
+
+/// What `timeout` exits with when a connect hung: the packets were dropped.
+pub const DROPPED: i64 = 124;
+
+/// The exit status of a TCP connect to `to` from environment `id`, bounded by five seconds.
+pub async fn connect(client: &Client, id: &str, to: SocketAddr) -> i64 {
+    let script = format!(
+        "timeout 5 bash -c 'exec 3<>/dev/tcp/{}/{}' 2>/dev/null; echo $?",
+        to.ip(),
+        to.port()
+    );
+    let answer = exec(client, id, &["sh", "-c", &script]).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let result = body(&answer);
+    let output = result["output"].as_str().unwrap_or_default().trim();
+    output
+        .parse()
+        .unwrap_or_else(|_| panic!("no exit status from {id}: {result}"))
+}
+
+/// Environment `id`'s own address.
+pub async fn address_of(client: &Client, id: &str) -> IpAddr {
+    let script =
+        "awk '/32 host/ { print f } { f = $2 }' /proc/net/fib_trie | grep -v '^127\\.' | head -n 1";
+    let result = body(&exec(client, id, &["sh", "-c", script]).await);
+    let output = result["output"].as_str().unwrap_or_default().trim();
+    output
+        .parse()
+        .unwrap_or_else(|_| panic!("no address in {id}: {result}"))
+}
 
 pub struct TestNetwork {
     pub lease: SubnetLease,
