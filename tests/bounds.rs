@@ -234,7 +234,7 @@ async fn a_setup_past_its_bound_leaves_nothing_behind(backend: Backend) {
     .await;
 }
 
-on_both_backends!(
+on_every_engine!(
     a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_start,
     a_timed_out_exec_leaves_nothing_behind_even_what_left_its_group,
     a_setup_past_its_bound_leaves_nothing_behind,

@@ -145,4 +145,4 @@ fn collect(mut watch: narya::client::WatchStream) -> tokio::task::JoinHandle<Vec
     })
 }
 
-on_both_backends!(a_machine_killed_from_outside_is_watched_degraded_then_ready);
+on_every_engine!(a_machine_killed_from_outside_is_watched_degraded_then_ready);

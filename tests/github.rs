@@ -552,7 +552,7 @@ async fn without_a_github_section_repository_creates_are_refused_with_how_to_con
     assert!(connect.error().unwrap().message.contains("[github]"));
 }
 
-on_both_backends!(
+on_every_engine!(
     a_selected_repository_is_cloned_before_the_machine_and_its_token_is_kept_nowhere,
     an_organisation_without_an_installation_is_refused_before_anything_is_made,
     a_repository_outside_the_selection_is_refused_before_anything_is_made,

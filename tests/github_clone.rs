@@ -355,7 +355,7 @@ async fn a_daemon_killed_during_a_clone_leaves_no_throwaway_once_back(backend: B
     let _ = foreign_run.await;
 }
 
-on_both_backends!(
+on_every_engine!(
     a_stalled_clone_keeps_its_token_out_of_the_runtime,
     a_daemon_killed_during_a_clone_leaves_no_throwaway_once_back,
 );

@@ -273,4 +273,4 @@ async fn a_real_prometheus_scrapes_the_metrics() {
     }
 }
 
-on_both_backends!(a_create_an_exec_and_a_refused_token_each_count_once);
+on_every_engine!(a_create_an_exec_and_a_refused_token_each_count_once);

@@ -165,7 +165,7 @@ async fn a_lost_machine_leaves_no_namespace_behind() {
     assert_eq!(count(), 0, "the lost machine's namespace was released");
 }
 
-on_both_backends!(
+on_every_engine!(
     an_environment_reaches_the_outside_but_not_the_host_nor_another,
     none_gives_loopback_only,
 );

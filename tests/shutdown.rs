@@ -156,7 +156,7 @@ async fn streams_cut_at_the_shutdown_timeout_end_with_an_error_line(backend: Bac
     }
 }
 
-on_both_backends!(
+on_every_engine!(
     a_stop_during_a_long_setup_exits_in_time_and_records_it_interrupted,
     streams_cut_at_the_shutdown_timeout_end_with_an_error_line,
 );
