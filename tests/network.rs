@@ -142,6 +142,94 @@ async fn none_gives_loopback_only(backend: Backend) {
     host.remove(&id).await;
 }
 
+/// Rules put at the top of the host's FORWARD chain, taken out on drop.
+struct AboveOurs(Vec<Vec<String>>);
+
+impl AboveOurs {
+    /// Inserts `rules` at the top of FORWARD, the first of them ending first.
+    fn insert(rules: &[&[&str]]) -> AboveOurs {
+        let mut inserted = AboveOurs(Vec::new());
+        for rule in rules.iter().rev() {
+            let rule: Vec<String> = rule.iter().map(|a| (*a).to_owned()).collect();
+            let mut insert = vec!["-I".to_owned(), "FORWARD".to_owned(), "1".to_owned()];
+            insert.extend(rule.iter().cloned());
+            assert!(iptables(&insert), "iptables {insert:?}");
+            inserted.0.push(rule);
+        }
+        inserted
+    }
+}
+
+impl Drop for AboveOurs {
+    fn drop(&mut self) {
+        for rule in &self.0 {
+            let _ = Command::new("iptables")
+                .args(["-w", "-D", "FORWARD"])
+                .args(rule)
+                .output();
+        }
+    }
+}
+
+fn iptables<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> bool {
+    let out = Command::new("iptables")
+        .arg("-w")
+        .args(args)
+        .output()
+        .expect("iptables runs");
+    out.status.success()
+}
+
+/// A Docker Engine that restarts (or makes a network) puts its own rules at the top of
+/// FORWARD, above the daemon's jump, with an ACCEPT of whatever leaves its bridges, and its
+/// `DOCKER-USER` chain first. The daemon's jump from `DOCKER-USER` keeps the environment's
+/// bounds. Stood in for by putting such rules above ours, accepting whatever comes from the
+/// environments' subnet (on containerd there is no bridge to name); then, to show the
+/// stand-in opens what it should, by taking that jump away.
+async fn an_engine_putting_its_rules_above_ours_opens_nothing(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
+        return;
+    };
+    if !iptables(&["-S", "DOCKER-USER"]) {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "no DOCKER-USER chain: CI's dockerd runs with its own iptables rules"
+        );
+        eprintln!("skipped: no Docker Engine with its own iptables rules on this host");
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let metadata =
+        Outside::start_link_local(scratch.path()).expect("a stand-in for a metadata service");
+    let client = host.acme();
+    let id = unique_id("net-above");
+    let _removal = host.removal(&id);
+    let answer = create(&client, serde_json::json!({ "id": id })).await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{:?}", body(&answer));
+    let (tag, subnet) = (
+        &host.daemon.network.tag,
+        host.daemon.network.lease.subnet.to_string(),
+    );
+    let _above = AboveOurs::insert(&[&["-j", "DOCKER-USER"], &["-s", &subnet, "-j", "ACCEPT"]]);
+    let status = connect(&client, &id, metadata.addr).await;
+    assert_eq!(
+        status, DROPPED,
+        "the link-local address {} with the engine's rules on top",
+        metadata.addr
+    );
+    let jump = format!("NARYA-FWD-{tag}");
+    assert!(
+        iptables(&["-D", "DOCKER-USER", "-j", &jump]),
+        "the daemon jumps into {jump} from DOCKER-USER"
+    );
+    let status = connect(&client, &id, metadata.addr).await;
+    assert_eq!(
+        status, 0,
+        "without that jump the engine's ACCEPT lets it out"
+    );
+    assert_eq!(delete(&client, &id).await.status, StatusCode::NO_CONTENT);
+}
+
 /// A machine removed behind the daemon's back: the reconciler records the environment `gone`
 /// and releases the namespace (with its veth and address) the machine held.
 #[tokio::test(flavor = "multi_thread")]
@@ -169,3 +257,6 @@ on_every_engine!(
     an_environment_reaches_the_outside_but_not_the_host_nor_another,
     none_gives_loopback_only,
 );
+
+// Podman's bridges are its own; it is the Docker Engine that puts rules above ours.
+on_both_backends!(an_engine_putting_its_rules_above_ours_opens_nothing);
