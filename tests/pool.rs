@@ -13,7 +13,6 @@ use hyper::StatusCode;
 use narya_runtimes::conformance::Outside;
 use narya_runtimes::MachineState;
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
 use support::e2e::{body, create, delete, exec, get, unique_id, until, Backend, Host};
 use support::github::GitHubDouble;
 use support::network::{address_of, connect, DROPPED};
@@ -29,13 +28,11 @@ fn pool_dir(host: &Host) -> PathBuf {
     host.daemon.dir.path().join("state/workspaces/.pool")
 }
 
-/// This daemon's pool mark, as the daemon derives it from its workspaces directory: the
-/// beginning of every `dev.narya.pool` label it writes.
+/// This daemon's pool mark and its dash: the beginning of every `dev.narya.pool` label it
+/// writes.
 fn owner(host: &Host) -> String {
     let workspaces = host.daemon.dir.path().join("state/workspaces");
-    let digest = Sha256::digest(workspaces.to_string_lossy().as_bytes());
-    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{hex}-")
+    format!("{}-", narya::environments::pool_owner_mark(&workspaces))
 }
 
 /// The runtime's machines this daemon made for its pool, claimed or not, by name.

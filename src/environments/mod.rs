@@ -33,6 +33,7 @@ pub use answer::{CreateStream, Created, Differs};
 pub use bounds::MARK as RUN_MARK;
 pub use error::EnvironmentError;
 pub use exec::ExecRun;
+pub use pool::owner_mark as pool_owner_mark;
 pub use progress::{Progress, Utf8Chunks};
 pub use reconcile::RUNTIME_UNREACHABLE;
 pub use request::{fingerprint, CreateRequest, ExecRequest, InvalidExec};

@@ -3,7 +3,7 @@
 //! configuration: removed and made again), and found again by label after a restart.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -78,9 +78,15 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The mark of the daemon whose workspaces are in `workspaces`: what every `dev.narya.pool`
+/// label it writes begins with, before a `-` and the mark of its configuration.
+pub fn owner_mark(workspaces: &Path) -> String {
+    hex(&Sha256::digest(workspaces.to_string_lossy().as_bytes())[..6])
+}
+
 impl Pool {
     pub(super) fn new(config: &Config) -> Pool {
-        let owner = hex(&Sha256::digest(config.workspaces_dir().to_string_lossy().as_bytes())[..6]);
+        let owner = owner_mark(&config.workspaces_dir());
         let made_with = format!(
             "{}|{}|{:?}|{:?}",
             config.environment.user,
