@@ -15,6 +15,35 @@ use narya_runtimes::network::tag_for;
 
 use super::e2e::{body, exec};
 
+/// The subnets of every network on the test engines (Docker and Podman), as they write them.
+fn engine_subnets() -> Vec<String> {
+    let mut subnets = Vec::new();
+    for variable in ["NARYA_TEST_DOCKER_SOCKET", "NARYA_TEST_PODMAN_SOCKET"] {
+        let Ok(socket) = std::env::var(variable) else {
+            continue;
+        };
+        let docker = |args: &[&str]| {
+            Command::new("docker")
+                .args(["-H", &format!("unix://{socket}")])
+                .args(args)
+                .output()
+                // A network removed between the listing and the inspect fails the inspect,
+                // which still prints the others.
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        let ids = docker(&["network", "ls", "-q"]);
+        let ids: Vec<&str> = ids.split_whitespace().collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let format = ["--format", "{{range .IPAM.Config}}{{.Subnet}} {{end}}"];
+        let said = docker(&[&["network", "inspect"], &format[..], &ids[..]].concat());
+        subnets.extend(said.split_whitespace().map(str::to_owned));
+    }
+    subnets
+}
+
 /// What `timeout` exits with when a connect hung: the packets were dropped.
 pub const DROPPED: i64 = 124;
 
@@ -54,8 +83,19 @@ pub struct TestNetwork {
 
 impl TestNetwork {
     pub fn new(state_dir: &Path) -> TestNetwork {
+        // The lease sees the subnets the host routes; an engine's network with no container on
+        // it (one a killed run left on Podman, say) holds its subnet without a route.
+        let taken = engine_subnets();
+        let mut passed_over = Vec::new();
+        let lease = loop {
+            let lease = lease_subnet().expect("a free test subnet");
+            if !taken.contains(&lease.subnet.to_string()) {
+                break lease;
+            }
+            passed_over.push(lease);
+        };
         TestNetwork {
-            lease: lease_subnet().expect("a free test subnet"),
+            lease,
             tag: tag_for(&state_dir.display().to_string()),
             state_dir: state_dir.to_owned(),
         }
