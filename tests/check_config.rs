@@ -229,4 +229,4 @@ async fn a_configuration_a_start_would_take_passes(backend: Backend) {
     assert!(!served.exists(), "check-config bound the socket");
 }
 
-on_both_backends!(a_configuration_a_start_would_take_passes);
+on_every_engine!(a_configuration_a_start_would_take_passes);

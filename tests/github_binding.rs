@@ -197,7 +197,7 @@ async fn a_host_whose_oauth_client_github_refuses_says_so(backend: Backend) {
     assert!(!host.daemon.log().contains("not-the-secret"));
 }
 
-on_both_backends!(
+on_every_engine!(
     a_host_whose_oauth_client_github_refuses_says_so,
     a_code_of_a_person_who_cannot_see_the_installation_proves_nothing,
     a_code_works_once_and_an_installation_belongs_to_one_organisation,

@@ -146,4 +146,4 @@ fn nix_kill(pid: i32, signal: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-on_both_backends!(sixty_four_commands_at_once_leave_the_machine_as_it_was);
+on_every_engine!(sixty_four_commands_at_once_leave_the_machine_as_it_was);

@@ -25,7 +25,12 @@ async fn state_dir_database_and_workspaces_are_private(backend: Backend) {
         json!({"id": id, "setup": "echo hi > /workspace/notes"}),
     )
     .await;
-    assert_eq!(answer.status, StatusCode::CREATED);
+    assert_eq!(
+        answer.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
 
     let state = host.daemon.dir.path().join("state");
     assert_eq!(mode(&state), 0o700, "state_dir");
@@ -50,4 +55,4 @@ async fn state_dir_database_and_workspaces_are_private(backend: Backend) {
     host.remove(&id).await;
 }
 
-on_both_backends!(state_dir_database_and_workspaces_are_private);
+on_every_engine!(state_dir_database_and_workspaces_are_private);

@@ -217,4 +217,4 @@ async fn quiet_answers_outlast_the_header_and_idle_timeouts(backend: Backend) {
     host.remove(&id).await;
 }
 
-on_both_backends!(quiet_answers_outlast_the_header_and_idle_timeouts);
+on_every_engine!(quiet_answers_outlast_the_header_and_idle_timeouts);
