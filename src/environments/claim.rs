@@ -21,14 +21,23 @@ impl Environments {
         while let Some(pooled) = self.pool.take() {
             match self.runtime.inspect(&pooled.name).await {
                 Ok(MachineState::Running) => return Some(pooled),
-                Ok(state) => {
+                Ok(state @ (MachineState::Stopped | MachineState::Missing)) => {
                     tracing::info!(machine = %pooled.name, ?state, "a pool machine is not running; not serving it");
                     self.discard_pooled(&pooled.name).await;
                 }
-                // The runtime cannot say: the machine stays pooled (the pool looks at it again)
-                // and this create goes the usual way, which meets the runtime's answer itself.
-                Err(e) => {
-                    tracing::debug!(machine = %pooled.name, error = %e, "cannot look at a pool machine");
+                // The runtime cannot say, or says it is between states (a shim slow under load,
+                // an engine restarting it): the machine stays pooled (the pool looks at it
+                // again; removing it could remove a healthy one) and this create goes the usual
+                // way, which meets the runtime's answer itself.
+                other => {
+                    match other {
+                        Err(e) => {
+                            tracing::debug!(machine = %pooled.name, error = %e, "cannot look at a pool machine")
+                        }
+                        Ok(state) => {
+                            tracing::debug!(machine = %pooled.name, ?state, "a pool machine between states")
+                        }
+                    }
                     let name = pooled.name.clone();
                     if !self.pool.put_back(pooled) {
                         self.discard_pooled(&name).await;
@@ -96,7 +105,10 @@ impl Environments {
                     Ok(row)
                 }
                 Err(e) => {
+                    // Degraded while the undo runs, as any create is: a machine that cannot be
+                    // removed leaves the row unrecorded, never `ready`.
                     row.setup_recorded = false;
+                    row.status = Status::Degraded;
                     self.undo(&mut row, &e).await;
                     Err(e)
                 }

@@ -40,12 +40,15 @@ pub(super) struct Pool {
     owner: String,
     /// The `dev.narya.pool` label of a machine this daemon may serve: its owner, and what the
     /// environment's machine is made with besides the image (user, mount point, network,
-    /// limits).
+    /// limits, resolvers).
     configuration: String,
     ready: Mutex<Ready>,
     wake: tokio::sync::Notify,
     /// Creates starting a machine of their own right now: the pool makes none meanwhile.
     starting: AtomicUsize,
+    /// Machines out of the pool whose removal failed: tried again at each look at the pool,
+    /// so that none keeps running (and holding its limits) until the next start.
+    undiscarded: Mutex<Vec<String>>,
 }
 
 /// A create starting a machine of its own, counted while it lives.
@@ -87,12 +90,15 @@ pub fn owner_mark(workspaces: &Path) -> String {
 impl Pool {
     pub(super) fn new(config: &Config) -> Pool {
         let owner = owner_mark(&config.workspaces_dir());
+        // The resolvers are fixed when a machine is made (Docker writes them into it), so a
+        // change of them makes every pool machine stale too.
         let made_with = format!(
-            "{}|{}|{:?}|{:?}",
+            "{}|{}|{:?}|{:?}|{:?}",
             config.environment.user,
             config.environment.workspace,
             config.environment.network,
             config.limits.limits(),
+            config.network.dns,
         );
         let configuration = format!("{owner}-{}", hex(&Sha256::digest(made_with)[..8]));
         Pool {
@@ -102,6 +108,7 @@ impl Pool {
             ready: Mutex::new(Ready::default()),
             wake: tokio::sync::Notify::new(),
             starting: AtomicUsize::new(0),
+            undiscarded: Mutex::new(Vec::new()),
         }
     }
 
@@ -175,6 +182,12 @@ impl Pool {
         ready.machines.len() != before
     }
 
+    /// The `dev.narya.pool` label this daemon's servable machines carry.
+    #[cfg(test)]
+    pub(super) fn configuration_mark(&self) -> &str {
+        &self.configuration
+    }
+
     /// How many machines are waiting to be claimed.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
@@ -224,14 +237,10 @@ impl Environments {
     /// configuration and running, is pooled; any other is removed, and so is every pool
     /// workspace without a machine.
     pub(super) async fn recover_pool(&self) -> Result<(), EnvironmentError> {
-        let image = match self.pool.size {
-            0 => None,
-            _ => Some(self.runtime.ensure_image(&self.unpinned_image()).await?),
-        };
         let rows = self.store.list_all().await?;
         let claimed: HashMap<&str, &EnvironmentRecord> =
             rows.iter().map(|r| (r.machine.as_str(), r)).collect();
-        let mut kept = VecDeque::new();
+        let mut unclaimed = Vec::new();
         for machine in self.runtime.list().await? {
             let Some(configuration) = &machine.pool else {
                 continue;
@@ -239,19 +248,27 @@ impl Environments {
             if !self.pool.owns(configuration) {
                 continue;
             }
-            if let Some(row) = claimed.get(machine.id.as_str()) {
-                let _guard = self.locks.lock(&row.id).await;
-                // Never pooled again, bound or not; a binding that fails now is tried again at
-                // the next start (the environment's record names the machine either way).
-                if let Err(e) = self.bind_pooled(row).await {
-                    tracing::warn!(environment.id = %row.id, machine = %machine.id, error = %e, "cannot finish the claim of a pool machine");
-                }
-                continue;
+            match claimed.get(machine.id.as_str()) {
+                // Never pooled again, bound or not. Finished before the image is resolved, so
+                // a registry that does not answer leaves no environment half-bound.
+                Some(row) => self.finish_claim(row).await,
+                None => unclaimed.push(machine),
             }
-            let fresh = *configuration == self.pool.configuration
+        }
+        let image = match self.pool.size {
+            0 => None,
+            _ => Some(self.runtime.ensure_image(&self.unpinned_image()).await?),
+        };
+        let mut kept = VecDeque::new();
+        for machine in unclaimed {
+            // A link where the workspace should be: a claim whose environment the store no
+            // longer names (its workspace is another's), never to be served.
+            let own_workspace = std::fs::symlink_metadata(self.pool_workspace(&machine.id))
+                .is_ok_and(|meta| meta.is_dir());
+            let fresh = machine.pool.as_ref() == Some(&self.pool.configuration)
                 && image.as_ref().map(|i| &i.digest) == machine.digest.as_ref()
                 && machine.state == MachineState::Running
-                && self.pool_workspace(&machine.id).is_dir()
+                && own_workspace
                 && kept.len() < self.pool.size;
             if fresh {
                 tracing::info!(machine = %machine.id, "a pool machine found again");
@@ -266,6 +283,25 @@ impl Environments {
         ready.image = image;
         ready.machines = kept;
         Ok(())
+    }
+
+    /// Finishes the claim of the pool machine `row` names, under the environment's lock and
+    /// only while the store still names that machine for it (a delete and a create of the
+    /// identifier may have come since `row` was read). A binding that fails is tried again at
+    /// the next start: the environment's record names the machine either way.
+    async fn finish_claim(&self, row: &EnvironmentRecord) {
+        let _guard = self.locks.lock(&row.id).await;
+        let current = match self.store.get(&row.organisation, &row.id).await {
+            Ok(Some(now)) if now.deleted_at.is_none() && now.machine == row.machine => now,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(environment.id = %row.id, error = %e, "cannot read the environment of a claimed pool machine");
+                return;
+            }
+        };
+        if let Err(e) = self.bind_pooled(&current).await {
+            tracing::warn!(environment.id = %row.id, machine = %row.machine, error = %e, "cannot finish the claim of a pool machine");
+        }
     }
 
     /// Removes what `.pool` holds for no kept machine and no recorded environment: workspaces
@@ -313,8 +349,19 @@ impl Environments {
         Ok(())
     }
 
-    /// Asks the runtime about every pool machine: one seen stopped or missing leaves the pool.
+    /// Removes again what could not be removed before, and asks the runtime about every pool
+    /// machine: one seen stopped or missing leaves the pool.
     pub(super) async fn look_at_pool(&self) {
+        let undiscarded = std::mem::take(
+            &mut *self
+                .pool
+                .undiscarded
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for name in undiscarded {
+            self.discard_pooled(&name).await;
+        }
         let names: Vec<String> = self.pool.lock().machines.iter().cloned().collect();
         for name in names {
             match self.runtime.inspect(&name).await {
@@ -383,11 +430,19 @@ impl Environments {
         }
     }
 
-    /// Removes pool machine `name` and its workspace; a failure is logged, and the next start
-    /// removes what is left.
+    /// Removes pool machine `name` and its workspace; a machine that cannot be removed now is
+    /// tried again at each look at the pool (and at the next start).
     pub(super) async fn discard_pooled(&self, name: &str) {
         if let Err(e) = self.runtime.remove(name).await {
-            tracing::warn!(machine = %name, error = %e, "cannot remove a pool machine");
+            tracing::warn!(machine = %name, error = %e, "cannot remove a pool machine; trying again");
+            let mut undiscarded = self
+                .pool
+                .undiscarded
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !undiscarded.iter().any(|n| n == name) {
+                undiscarded.push(name.to_owned());
+            }
             return;
         }
         match std::fs::remove_dir_all(self.pool_workspace(name)) {
@@ -457,7 +512,16 @@ impl Environments {
         let to = self.workspace(id);
         let moved = || -> std::io::Result<()> {
             match std::fs::symlink_metadata(&from) {
-                Ok(meta) if meta.file_type().is_symlink() => return Ok(()),
+                // Moved and linked already (a claim finished again), but only to this
+                // environment's workspace: a link elsewhere is another claim's.
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    return match std::fs::read_link(&from)? == to {
+                        true => Ok(()),
+                        false => Err(std::io::Error::other(
+                            "the pool machine's workspace is another environment's",
+                        )),
+                    };
+                }
                 Ok(_) => {
                     // Whatever a failed earlier create of this identifier left goes first.
                     match std::fs::remove_dir_all(&to) {

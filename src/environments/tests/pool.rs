@@ -6,7 +6,7 @@ use std::sync::Arc;
 use narya_runtimes::testing::{FakeOutcome, Op};
 use narya_runtimes::{ErrorKind, MachineInfo, MachineState};
 
-use super::{acme, digest, person, request, Host};
+use super::{acme, digest, id, person, request, Host};
 use crate::environments::Environments;
 use crate::model::Status;
 
@@ -427,4 +427,106 @@ async fn a_pool_machine_the_runtime_cannot_look_at_stays_pooled_and_the_create_g
     assert_eq!(host.environments.pooled(), 1, "still pooled");
     let next = host.create("next", None).await;
     assert!(next.record().machine.starts_with("narya-pool-"));
+}
+
+#[tokio::test]
+async fn a_pool_machine_whose_workspace_another_environment_holds_is_never_served() {
+    let host = pooled_host(1).await;
+    // As on Docker, whose labels cannot change: the claimed machine keeps its pool labels.
+    host.fake.fail_always(Op::Claim, ErrorKind::Unavailable);
+    let created = host.create("demo", None).await;
+    let machine = created.record().machine.clone();
+    std::fs::write(host.config.workspaces_dir().join("demo/secret"), "acme's").unwrap();
+    // The store loses the row (an older backup restored): nothing names the machine now.
+    host.store.delete("acme", &id("demo")).await.unwrap();
+
+    let restarted = host.restarted();
+    restarted.recover_pool().await.unwrap();
+    assert_eq!(
+        restarted.pooled(),
+        0,
+        "a machine with another's workspace is not pooled"
+    );
+    assert!(
+        !host.fake.machines().iter().any(|m| m.id == machine),
+        "and is removed"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.config.workspaces_dir().join("demo/secret")).unwrap(),
+        "acme's",
+        "removing it leaves the workspace its link pointed to alone"
+    );
+    restarted.fill_pool().await.unwrap();
+    let other = restarted
+        .create(person("globex"), request("other", None))
+        .await
+        .unwrap();
+    assert_ne!(other.record().machine, machine);
+    let workspace = host.config.workspaces_dir().join("other");
+    assert_eq!(std::fs::read_dir(workspace).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn a_pool_machine_between_states_stays_pooled_and_the_create_goes_the_usual_way() {
+    let host = pooled_host(1).await;
+    let pooled = pool_machines(&host)[0].id.clone();
+    host.fake.hide_state(&pooled);
+    let created = host.create("demo", None).await;
+    assert_ne!(created.record().machine, pooled);
+    assert!(
+        host.fake.machines().iter().any(|m| m.id == pooled),
+        "a machine the runtime cannot place is not removed"
+    );
+    assert_eq!(host.environments.pooled(), 1, "still pooled");
+    host.fake.tell_state(&pooled);
+    let next = host.create("next", None).await;
+    assert_eq!(next.record().machine, pooled);
+}
+
+#[tokio::test]
+async fn a_pool_machine_that_could_not_be_removed_is_removed_at_the_next_look() {
+    let host = pooled_host(1).await;
+    let pooled = pool_machines(&host)[0].id.clone();
+    host.fake.stop_machine(&pooled);
+    host.fake.fail_next(Op::Remove, ErrorKind::Unavailable);
+    host.environments.look_at_pool().await;
+    assert_eq!(host.environments.pooled(), 0);
+    assert!(
+        host.fake.machines().iter().any(|m| m.id == pooled),
+        "the removal failed"
+    );
+    host.environments.look_at_pool().await;
+    assert!(
+        !host.fake.machines().iter().any(|m| m.id == pooled),
+        "removed at the next look, not left running until a restart"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_taken_back_whose_machine_cannot_be_removed_is_never_ready() {
+    let host = pooled_host(1).await;
+    std::fs::write(host.config.workspaces_dir().join("demo"), "in the way").unwrap();
+    host.fake.fail_next(Op::Remove, ErrorKind::Unavailable);
+    let failed = host.try_create(acme(), "demo", None).await;
+    assert!(failed.is_err());
+    let row = host.row("acme", "demo").await.expect("left unrecorded");
+    assert_eq!(row.status, Status::Degraded);
+    assert!(!row.setup_recorded);
+}
+
+#[test]
+fn a_change_of_resolvers_makes_pool_machines_stale() {
+    let config = |dns: &str| {
+        crate::config::Config::parse(&format!(
+            "state_dir = \"/var/lib/narya\"\n\n[identity]\nissuer = \"https://id.test\"\naudience = \"narya\"\n\n[network]\ndns = [{dns}]\n"
+        ))
+        .unwrap()
+    };
+    let mark = |dns: &str| {
+        crate::environments::pool::Pool::new(&config(dns))
+            .configuration_mark()
+            .to_owned()
+    };
+    assert_ne!(mark("\"192.0.2.53\""), mark("\"192.0.2.54\""));
+    assert_eq!(mark("\"192.0.2.53\""), mark("\"192.0.2.53\""));
 }
