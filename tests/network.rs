@@ -146,11 +146,18 @@ async fn none_gives_loopback_only(backend: Backend) {
 struct AboveOurs(Vec<Vec<String>>);
 
 impl AboveOurs {
-    /// Inserts `rules` at the top of FORWARD, the first of them ending first.
-    fn insert(rules: &[&[&str]]) -> AboveOurs {
+    /// Inserts `rules` at the top of FORWARD, the first of them ending first, each with a
+    /// comment naming `owner`: a deletion matches the whole rule, and another test's
+    /// `-j DOCKER-USER` must not take this one's away.
+    fn insert(owner: &str, rules: &[&[&str]]) -> AboveOurs {
         let mut inserted = AboveOurs(Vec::new());
+        let comment = format!("narya test {owner}");
         for rule in rules.iter().rev() {
-            let rule: Vec<String> = rule.iter().map(|a| (*a).to_owned()).collect();
+            let rule: Vec<String> = ["-m", "comment", "--comment", &comment]
+                .iter()
+                .chain(rule.iter())
+                .map(|a| (*a).to_owned())
+                .collect();
             let mut insert = vec!["-I".to_owned(), "FORWARD".to_owned(), "1".to_owned()];
             insert.extend(rule.iter().cloned());
             assert!(iptables(&insert), "iptables {insert:?}");
@@ -210,7 +217,10 @@ async fn an_engine_putting_its_rules_above_ours_opens_nothing(backend: Backend) 
         &host.daemon.network.tag,
         host.daemon.network.lease.subnet.to_string(),
     );
-    let _above = AboveOurs::insert(&[&["-j", "DOCKER-USER"], &["-s", &subnet, "-j", "ACCEPT"]]);
+    let _above = AboveOurs::insert(
+        tag,
+        &[&["-j", "DOCKER-USER"], &["-s", &subnet, "-j", "ACCEPT"]],
+    );
     let status = connect(&client, &id, metadata.addr).await;
     assert_eq!(
         status, DROPPED,
