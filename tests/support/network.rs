@@ -15,30 +15,41 @@ use narya_runtimes::network::tag_for;
 
 use super::e2e::{body, exec};
 
-/// The subnets of every network on the test engines (Docker and Podman), as they write them.
+/// The test engines that make networks (Docker and Podman) whose sockets are set.
+fn engine_sockets() -> Vec<String> {
+    ["NARYA_TEST_DOCKER_SOCKET", "NARYA_TEST_PODMAN_SOCKET"]
+        .iter()
+        .filter_map(|variable| std::env::var(variable).ok())
+        .collect()
+}
+
+/// The docker CLI against the engine on `socket`; `None` when it could not run.
+fn engine_cli(socket: &str, args: &[&str]) -> Option<std::process::Output> {
+    Command::new("docker")
+        .args(["-H", &format!("unix://{socket}")])
+        .args(args)
+        .output()
+        .ok()
+}
+
+/// The subnets of every network on the test engines, as they write them.
 fn engine_subnets() -> Vec<String> {
     let mut subnets = Vec::new();
-    for variable in ["NARYA_TEST_DOCKER_SOCKET", "NARYA_TEST_PODMAN_SOCKET"] {
-        let Ok(socket) = std::env::var(variable) else {
-            continue;
-        };
-        let docker = |args: &[&str]| {
-            Command::new("docker")
-                .args(["-H", &format!("unix://{socket}")])
-                .args(args)
-                .output()
-                // A network removed between the listing and the inspect fails the inspect,
-                // which still prints the others.
+    for socket in engine_sockets() {
+        // A network removed between the listing and the inspect fails the inspect, which still
+        // prints the others.
+        let stdout = |args: &[&str]| {
+            engine_cli(&socket, args)
                 .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
                 .unwrap_or_default()
         };
-        let ids = docker(&["network", "ls", "-q"]);
+        let ids = stdout(&["network", "ls", "-q"]);
         let ids: Vec<&str> = ids.split_whitespace().collect();
         if ids.is_empty() {
             continue;
         }
         let format = ["--format", "{{range .IPAM.Config}}{{.Subnet}} {{end}}"];
-        let said = docker(&[&["network", "inspect"], &format[..], &ids[..]].concat());
+        let said = stdout(&[&["network", "inspect"], &format[..], &ids[..]].concat());
         subnets.extend(said.split_whitespace().map(str::to_owned));
     }
     subnets
@@ -114,19 +125,11 @@ impl TestNetwork {
         // Docker and Podman alike keep a network after its daemon was killed; a Podman
         // network left behind holds its subnet without a route on the host, so the next lease
         // could not see it was taken.
-        for variable in ["NARYA_TEST_DOCKER_SOCKET", "NARYA_TEST_PODMAN_SOCKET"] {
-            let Ok(socket) = std::env::var(variable) else {
-                continue;
-            };
-            let docker = |args: &[&str]| {
-                Command::new("docker")
-                    .args(["-H", &format!("unix://{socket}")])
-                    .args(args)
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-            };
-            docker(&["network", "rm", &network]);
-            engine_keeps_it |= docker(&["network", "inspect", &network]);
+        for socket in engine_sockets() {
+            let succeeds =
+                |args: &[&str]| engine_cli(&socket, args).is_some_and(|o| o.status.success());
+            succeeds(&["network", "rm", &network]);
+            engine_keeps_it |= succeeds(&["network", "inspect", &network]);
         }
         // A private engine killed with the daemon's network on it leaves the bridge behind.
         if !engine_keeps_it {
