@@ -28,6 +28,7 @@ mod setup;
 mod sweep;
 #[cfg(test)]
 mod tests;
+mod tree;
 
 pub use answer::{CreateStream, Created, Differs};
 pub use bounds::MARK as RUN_MARK;
@@ -76,6 +77,8 @@ pub struct Environments {
     tasks: TaskTracker,
     /// Machines started ahead of creates.
     pool: pool::Pool,
+    /// Where removed workspaces go, to be removed off the API's and reconciler's way.
+    trash: tree::Trash,
     metrics: Metrics,
 }
 
@@ -91,6 +94,7 @@ impl Environments {
             runtime,
             bounds: bounds::Bounds::new(config.state_dir.join("runs")),
             pool: pool::Pool::new(&config),
+            trash: tree::Trash::new(&config.workspaces_dir()),
             config,
             organisations,
             locks: locks::Locks::default(),
@@ -192,8 +196,8 @@ impl Environments {
     ) -> Result<PathBuf, EnvironmentError> {
         let dir = self.workspace(id);
         let prepare = || {
-            if fresh && dir.exists() {
-                std::fs::remove_dir_all(&dir)?;
+            if fresh {
+                self.trash.discard(&dir)?;
             }
             std::fs::create_dir_all(&dir)?;
             self.make_users_own(&dir)
@@ -216,10 +220,7 @@ impl Environments {
     /// Removes `row`'s workspace (and what `.pool` holds for its machine, when that was a
     /// pool machine); one already gone is fine.
     fn remove_workspace(&self, row: &EnvironmentRecord) -> std::io::Result<()> {
-        let removed = match std::fs::remove_dir_all(self.workspace(&row.id)) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            done => done,
-        };
+        let removed = self.trash.discard(&self.workspace(&row.id));
         let entry = self.remove_pool_entry(&row.machine);
         removed.and(entry)
     }

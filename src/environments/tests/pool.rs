@@ -300,10 +300,9 @@ async fn a_daemon_that_died_mid_claim_leaves_the_environment_recorded_with_its_m
 async fn a_workspace_that_cannot_move_takes_the_claim_back_and_leaks_nothing() {
     let host = pooled_host(1).await;
     let pooled = pool_machines(&host)[0].id.clone();
-    // Where the workspace would go is taken by something that cannot be removed: a file in a
-    // directory without write permission is removable by root, so a file of the same name
-    // that is no directory stands in (rename cannot put a directory over a file).
-    std::fs::write(host.config.workspaces_dir().join("demo"), "in the way").unwrap();
+    // The pool machine's workspace vanished from under it (an operator, a full disk's fsck):
+    // there is nothing to move.
+    std::fs::remove_dir(pool_link(&host, &pooled)).unwrap();
     let failed = host.try_create(acme(), "demo", None).await;
     assert!(failed.is_err());
     assert_eq!(host.row("acme", "demo").await, None);
@@ -505,7 +504,8 @@ async fn a_pool_machine_that_could_not_be_removed_is_removed_at_the_next_look() 
 #[tokio::test]
 async fn a_claim_taken_back_whose_machine_cannot_be_removed_is_never_ready() {
     let host = pooled_host(1).await;
-    std::fs::write(host.config.workspaces_dir().join("demo"), "in the way").unwrap();
+    let pooled = pool_machines(&host)[0].id.clone();
+    std::fs::remove_dir(pool_link(&host, &pooled)).unwrap();
     host.fake.fail_next(Op::Remove, ErrorKind::Unavailable);
     let failed = host.try_create(acme(), "demo", None).await;
     assert!(failed.is_err());

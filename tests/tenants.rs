@@ -1,0 +1,115 @@
+//! Hostile tenants, end to end through a real daemon: trees no recursion survives, made inside an
+//! environment by its own user, are deleted through the API while another organisation's
+//! requests keep answering, and leave nothing on the host.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hyper::StatusCode;
+use serde_json::json;
+use support::e2e::{body, create, delete, exec, get, list, unique_id, Backend, Host};
+
+/// How long a single answer may take on a loaded, shared CI machine while the host removes a
+/// tree: generous on purpose (the figure is printed; speed lives in the benchmarks).
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+/// How long the host may take to remove a million files from its disk.
+const REMOVED_WITHIN: Duration = Duration::from_secs(600);
+
+/// Perl (in every Debian root) makes the trees: a shell would fork once per level.
+const DEEP: &str = "for (1..100000) { mkdir 'd' or die \"mkdir: $!\"; chdir 'd' or die \"chdir: $!\" } print \"deep\\n\"";
+const WIDE: &str = "mkdir 'many' or die; for my $i (1..1000000) { open(my $f, '>', \"many/f$i\") or die \"$i: $!\"; close $f } print \"wide\\n\"";
+
+/// Makes environment `id` hold what `perl` makes in its workspace, as the environment's user.
+async fn fill(host: &Host, id: &str, perl: &str, says: &str) {
+    let answer = exec(&host.acme(), id, &["/usr/bin/perl", "-e", perl]).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", body(&answer));
+    let ran = body(&answer);
+    assert_eq!(ran["exit_code"], 0, "{ran}");
+    assert_eq!(ran["output"], format!("{says}\n"), "{ran}");
+}
+
+/// Whether the host's trash (where deleted workspaces wait to be removed) is empty.
+fn trash_is_empty(workspaces: &Path) -> bool {
+    std::fs::read_dir(workspaces.join(".trash"))
+        .map_or(true, |mut entries| entries.next().is_none())
+}
+
+/// Deletes `id` while another organisation lists its environments without pause, until the
+/// host's disk no longer holds the tree; returns the slowest of those answers.
+async fn delete_while_another_is_served(host: &Host, id: &str) -> Duration {
+    let workspace = host.workspace(id);
+    let workspaces = workspace.parent().unwrap().to_path_buf();
+    let globex = host.client("globex");
+    let bystander = unique_id("bystander");
+    let made = create(&globex, json!({ "id": bystander })).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", body(&made));
+    let _bystander_removal = host.removal(&bystander);
+
+    let deleting = {
+        let client = host.acme();
+        let id = id.to_owned();
+        tokio::spawn(async move { delete(&client, &id).await })
+    };
+    let mut slowest = Duration::ZERO;
+    let mut answered = 0;
+    let deadline = Instant::now() + REMOVED_WITHIN;
+    while !deleting.is_finished() || !trash_is_empty(&workspaces) || answered == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the tree was not removed within {REMOVED_WITHIN:?}"
+        );
+        let asked = Instant::now();
+        let listed = tokio::time::timeout(ANSWER_WITHIN, list(&globex))
+            .await
+            .unwrap_or_else(|_| panic!("another organisation's list waited {ANSWER_WITHIN:?}"));
+        slowest = slowest.max(asked.elapsed());
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        answered += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deleted = deleting.await.unwrap();
+    assert_eq!(
+        deleted.status,
+        StatusCode::NO_CONTENT,
+        "{}",
+        String::from_utf8_lossy(&deleted.body)
+    );
+    assert!(!workspace.exists(), "the workspace is gone from the host");
+    let gone = body(&get(&host.acme(), id).await);
+    assert_eq!(gone["status"], "gone", "{gone}");
+    eprintln!("{answered} answers to another organisation during the removal; the slowest took {slowest:?}");
+    delete(&globex, &bystander).await;
+    slowest
+}
+
+async fn a_tree_100000_levels_deep_is_deleted_while_another_organisation_is_served(
+    backend: Backend,
+) {
+    let Some(host) = Host::start_on(backend, "[pool]\nsize = 0\n").await else {
+        return;
+    };
+    let id = unique_id("deep");
+    let _removal = host.removal(&id);
+    let made = create(&host.acme(), json!({ "id": id })).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", body(&made));
+    fill(&host, &id, DEEP, "deep").await;
+    delete_while_another_is_served(&host, &id).await;
+}
+
+/// A million files: the mechanism does not depend on the engine, so one engine pays for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_million_files_are_deleted_while_another_organisation_is_served() {
+    let Some(host) = Host::start_on(Backend::Containerd, "[pool]\nsize = 0\n").await else {
+        return;
+    };
+    let id = unique_id("wide");
+    let _removal = host.removal(&id);
+    let made = create(&host.acme(), json!({ "id": id })).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", body(&made));
+    fill(&host, &id, WIDE, "wide").await;
+    delete_while_another_is_served(&host, &id).await;
+}
+
+on_every_engine!(a_tree_100000_levels_deep_is_deleted_while_another_organisation_is_served);
