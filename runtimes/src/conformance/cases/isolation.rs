@@ -13,6 +13,7 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("isolation", seccomp_filter_is_on),
         case!("isolation", new_user_namespaces_are_refused),
         case!("isolation", mounts_and_the_keyring_are_refused),
+        case!("isolation", io_uring_is_refused),
         case!("isolation", processes_have_no_capabilities),
         case!("isolation", limits_read_inside_equal_the_configuration),
         case!("isolation", cgroup_view_is_private),
@@ -152,6 +153,30 @@ async fn mounts_and_the_keyring_are_refused(c: &Context<'_>) -> Result<(), Outco
     check(!text(&out).contains("keys-visible"), || {
         "the kernel keyring is readable in /proc/keys".to_owned()
     })
+}
+
+/// `io_uring_setup` (425 on every architecture with the common numbering) answers `EPERM`
+/// from the filter, not a ring, nor `ENOSYS` from a kernel without it. Perl, in every Debian
+/// root, makes the raw call.
+async fn io_uring_is_refused(c: &Context<'_>) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let out = c
+        .sh(
+            &id,
+            "perl -e 'my $p = \"\\0\" x 120; my $r = syscall(425, 8, $p); printf \"ring=%d errno=%d\\n\", $r, $!+0'",
+        )
+        .await?;
+    let seen = values(&text(&out));
+    check(
+        seen.get("ring").map(String::as_str) == Some("-1")
+            && seen.get("errno").map(String::as_str) == Some("1"),
+        || {
+            format!(
+                "io_uring_setup was not refused with EPERM: {:?}",
+                text(&out)
+            )
+        },
+    )
 }
 
 async fn processes_have_no_capabilities(c: &Context<'_>) -> Result<(), Outcome> {
