@@ -212,6 +212,30 @@ async fn a_timed_out_exec_leaves_nothing_behind_even_what_left_its_group(backend
     .await;
 }
 
+/// A run that kills its own bounding wrapper (`timeout`, its parent) and carries on as
+/// something else is treated as killed: what it left runs no longer.
+async fn an_exec_that_kills_its_wrapper_leaves_nothing_behind(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "").await else {
+        return;
+    };
+    let id = unique_id("wrapper");
+    let _removal = host.removal(&id);
+    ready(&host, &id).await;
+    let sleep = duration(650, backend);
+    let script = format!("kill -9 $PPID; exec sleep {sleep}");
+    let answer = exec(&host.acme(), &id, &["sh", "-c", &script], "20s").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let outcome = body(&answer);
+    assert_ne!(outcome["exit_code"], 0, "{outcome}");
+    until_sleeping(
+        &[&sleep],
+        Duration::from_secs(30),
+        "nothing of the exec that killed its wrapper left",
+        |n| n == 0,
+    )
+    .await;
+}
+
 async fn a_setup_past_its_bound_leaves_nothing_behind(backend: Backend) {
     let Some(host) = Host::start_on(backend, "[environment]\nsetup_timeout = \"3s\"\n").await
     else {
@@ -237,5 +261,6 @@ async fn a_setup_past_its_bound_leaves_nothing_behind(backend: Backend) {
 on_every_engine!(
     a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_start,
     a_timed_out_exec_leaves_nothing_behind_even_what_left_its_group,
+    an_exec_that_kills_its_wrapper_leaves_nothing_behind,
     a_setup_past_its_bound_leaves_nothing_behind,
 );

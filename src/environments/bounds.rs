@@ -69,6 +69,13 @@ fn boot_id() -> String {
         .collect()
 }
 
+/// Whether a run whose wrapper exited with `code` ended by itself. A wrapper that ended by a
+/// signal (the shell's 128 + n) may have been killed from inside the run (`kill -9 $PPID`),
+/// leaving what it started unbounded: that run is treated as killed, whoever sent the signal.
+fn ended_by_itself(code: i32) -> bool {
+    !(129..=192).contains(&code)
+}
+
 /// `duration` as `timeout` reads it: seconds, to the millisecond.
 fn seconds(duration: Duration) -> String {
     format!("{}.{:03}s", duration.as_secs(), duration.subsec_millis())
@@ -152,7 +159,7 @@ impl Environments {
         // that left it (double fork, `setsid`) still carry the mark. A run the runtime failed
         // is nobody's either. What cannot be killed now stays written down for the next daemon.
         let over = match &outcome {
-            Ok(o) if o.exit_code.is_some() => true,
+            Ok(o) if o.exit_code.is_some_and(ended_by_itself) => true,
             _ => self.kill_marked(machine, &run.entry).await,
         };
         if over {
@@ -204,7 +211,7 @@ impl Environments {
         if runs.is_empty() {
             return true;
         }
-        let known: std::collections::HashSet<String> = match self.store.list_all().await {
+        let known: std::collections::HashSet<String> = match self.store.summaries().await {
             Ok(rows) => rows
                 .into_iter()
                 .filter(|r| r.deleted_at.is_none())
