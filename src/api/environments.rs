@@ -32,11 +32,12 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let request = CreateRequest::validate(&body.id, body.setup, body.repository.as_deref())?;
     if stream::wants_ndjson(&headers) {
+        let id = request.id.to_string();
         let run = state
             .environments
             .create_streamed(principal, request)
             .await?;
-        return Ok(stream::create_progress(run, state.cut.clone()));
+        return Ok(stream::create_progress(id, run, state.cut.clone()));
     }
     let created = state.environments.create(principal, request).await?;
     let status = if created.is_new() {

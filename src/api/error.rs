@@ -43,6 +43,9 @@ pub enum ApiError {
     /// The daemon stopped at its shutdown timeout with the answer still streaming.
     #[error("the host is shutting down and its shutdown timeout ended this stream; what it ran was stopped; repeat the request once the host is back")]
     ShuttingDown,
+    /// A streaming reader fell further behind than the host keeps for it.
+    #[error("this stream fell {missed} progress lines behind its reader and was ended so that it holds no more of the host's memory; the create goes on: GET /v1/environments/{id} for its outcome")]
+    StreamFellBehind { id: String, missed: u64 },
 }
 
 const BAD_REQUEST: StatusCode = StatusCode::BAD_REQUEST;
@@ -65,7 +68,7 @@ impl ApiError {
             ApiError::NoRoute { .. } => (NOT_FOUND, "NRY-0030"),
             ApiError::Environment(e) => environment_parts(e.cause()),
             ApiError::Organisation(o) => organisation_parts(o),
-            ApiError::ShuttingDown => INTERNAL,
+            ApiError::ShuttingDown | ApiError::StreamFellBehind { .. } => INTERNAL,
         }
     }
 

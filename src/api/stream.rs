@@ -72,8 +72,10 @@ fn cut_short(ready: Vec<Value>) -> Result<Bytes, Infallible> {
 
 /// A create's progress events until it ends, then `{"environment": …}` (or `{"error": …}`);
 /// `201` when it is making the environment, `200` when it joined or found one.
-/// When `cut` is cancelled (the shutdown timeout), it ends with an error line instead.
-pub fn create_progress(run: CreateStream, cut: CancellationToken) -> Response {
+/// When `cut` is cancelled (the shutdown timeout), it ends with an error line instead; so it
+/// does when its reader fell further behind than the host keeps for it (the create of `id`
+/// goes on).
+pub fn create_progress(id: String, run: CreateStream, cut: CancellationToken) -> Response {
     let differs = run.differs();
     let status = if run.is_new() {
         StatusCode::CREATED
@@ -81,27 +83,36 @@ pub fn create_progress(run: CreateStream, cut: CancellationToken) -> Response {
         StatusCode::OK
     };
     let value = |progress| serde_json::to_value(&progress).unwrap_or_default();
-    let lines = futures_util::stream::unfold(Some((run, cut)), move |state| async move {
-        let (mut run, cut) = state?;
-        let next = tokio::select! {
-            biased;
-            next = run.next() => next,
-            () = cut.cancelled() => {
-                let ready = std::iter::from_fn(|| run.next().now_or_never().flatten())
-                    .take(DRAINED_AT_CUT)
-                    .map(value)
-                    .collect();
-                return Some((cut_short(ready), None));
+    let lines = futures_util::stream::unfold(Some((run, cut)), move |state| {
+        let id = id.clone();
+        async move {
+            let (mut run, cut) = state?;
+            let next = tokio::select! {
+                biased;
+                next = run.next() => next,
+                () = cut.cancelled() => {
+                    let ready = std::iter::from_fn(|| run.next().now_or_never().flatten())
+                        .take(DRAINED_AT_CUT)
+                        .map(value)
+                        .collect();
+                    return Some((cut_short(ready), None));
+                }
+            };
+            if let Some(progress) = next {
+                return Some((line(&value(progress)), Some((run, cut))));
             }
-        };
-        if let Some(progress) = next {
-            return Some((line(&value(progress)), Some((run, cut))));
+            if let Some(missed) = run.fell_behind() {
+                return Some((
+                    line(&error_line(ApiError::StreamFellBehind { id, missed })),
+                    None,
+                ));
+            }
+            let last = match run.outcome().await {
+                Ok(created) => json!({"environment": EnvironmentView::from(created.record())}),
+                Err(e) => error_line(e.into()),
+            };
+            Some((line(&last), None))
         }
-        let last = match run.outcome().await {
-            Ok(created) => json!({"environment": EnvironmentView::from(created.record())}),
-            Err(e) => error_line(e.into()),
-        };
-        Some((line(&last), None))
     });
     let mut response = ndjson(status, lines);
     say_differs(&mut response, differs);

@@ -94,6 +94,8 @@ pub struct CreateStream {
     pub(super) differs: Differs,
     pub(super) events: Option<broadcast::Receiver<Progress>>,
     pub(super) outcome: Outcome,
+    /// How many events this reader missed when it fell more than the backlog behind.
+    pub(super) fell_behind: Option<u64>,
 }
 
 pub(super) enum Outcome {
@@ -114,20 +116,29 @@ impl CreateStream {
         self.differs
     }
 
-    /// The next event, or `None` once provisioning has ended. A reader that fell behind misses
-    /// some output; the final record still carries its tail.
+    /// The next event, or `None` once provisioning has ended, or once this reader fell more
+    /// than the backlog ([`super::create::PROGRESS_BACKLOG`] events) behind: then it is let
+    /// go, so a reader that stops reading pins no more than that, and [`Self::fell_behind`]
+    /// says how many it missed. The create goes on either way.
     pub async fn next(&mut self) -> Option<Progress> {
         let events = self.events.as_mut()?;
-        loop {
-            match events.recv().await {
-                Ok(progress) => return Some(progress),
-                Err(RecvError::Lagged(_)) => continue,
-                Err(RecvError::Closed) => {
-                    self.events = None;
-                    return None;
-                }
+        match events.recv().await {
+            Ok(progress) => Some(progress),
+            Err(RecvError::Lagged(missed)) => {
+                self.fell_behind = Some(missed);
+                self.events = None;
+                None
+            }
+            Err(RecvError::Closed) => {
+                self.events = None;
+                None
             }
         }
+    }
+
+    /// How many events this reader missed, if it fell behind and was let go.
+    pub fn fell_behind(&self) -> Option<u64> {
+        self.fell_behind
     }
 
     /// How the create ended.
@@ -137,5 +148,34 @@ impl CreateStream {
             Outcome::Joined(joined) => joined.outcome().await,
             Outcome::Running(task) => task.await.map_err(EnvironmentError::task("create"))?,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::environments::create::PROGRESS_BACKLOG;
+
+    #[tokio::test]
+    async fn a_reader_that_fell_behind_the_backlog_is_let_go() {
+        let (events, receiver) = broadcast::channel(PROGRESS_BACKLOG);
+        let id: EnvironmentId = "demo".parse().unwrap();
+        let mut stream = CreateStream {
+            new: true,
+            differs: Differs::default(),
+            events: Some(receiver),
+            outcome: Outcome::Running(tokio::spawn(async move {
+                Err(EnvironmentError::NotFound(id))
+            })),
+            fell_behind: None,
+        };
+        // The reader stopped; the create went on writing.
+        for _ in 0..PROGRESS_BACKLOG + 3 {
+            events.send(Progress::started("setup")).unwrap();
+        }
+        assert_eq!(stream.next().await, None, "let go, not fed what is left");
+        assert_eq!(stream.fell_behind(), Some(3));
+        assert_eq!(events.receiver_count(), 0, "nothing is kept for it any more");
+        assert_eq!(stream.next().await, None);
     }
 }

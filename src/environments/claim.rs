@@ -92,7 +92,7 @@ impl Environments {
             // Nothing names the machine: it is still a pool machine, of nobody.
             self.discard_pooled(&pooled.name).await;
             self.metrics.create_ended(None);
-            return Err(e.into());
+            return Err(EnvironmentError::inserting(id)(e));
         }
         if setup_less {
             let moved = self.move_pool_workspace(&row.machine, &row.id);

@@ -20,8 +20,9 @@ use crate::store::{EnvironmentRecord, SetupRecord};
 /// finishes such undos.
 pub(super) const UNDO_PENDING: &str = "provisioning failed: ";
 
-/// How many events a slow streaming reader may fall behind before it misses some.
-pub(super) const PROGRESS_BACKLOG: usize = 1024;
+/// How many events a slow streaming reader may fall behind before it is let go: at most this
+/// many output chunks (32 KiB each) are kept for a reader that stopped reading.
+pub(super) const PROGRESS_BACKLOG: usize = 64;
 
 /// Told once provisioning has started (the identifier is now held and the row inserted): the
 /// events of the create from its beginning.
@@ -58,6 +59,7 @@ impl Environments {
                 differs: joined.differs,
                 events: Some(events),
                 outcome: Outcome::Joined(Box::new(joined)),
+                fell_behind: None,
             });
         }
         let (announce, announced) = tokio::sync::oneshot::channel();
@@ -68,6 +70,7 @@ impl Environments {
                 differs: Differs::default(),
                 events: Some(events),
                 outcome: Outcome::Running(task),
+                fell_behind: None,
             }),
             Err(_) => {
                 let created = task.await.map_err(EnvironmentError::task("create"))??;
@@ -76,6 +79,7 @@ impl Environments {
                     differs: created.differs(),
                     events: None,
                     outcome: Outcome::Known(Box::new(created)),
+                    fell_behind: None,
                 })
             }
         }
@@ -103,7 +107,7 @@ impl Environments {
         principal: &Principal,
         request: &CreateRequest,
     ) -> Option<(broadcast::Receiver<Progress>, Joined)> {
-        let flight = self.locks.flight(&request.id)?;
+        let flight = self.locks.flight(&principal.organisation, &request.id)?;
         if flight.organisation != principal.organisation {
             return None;
         }
@@ -122,7 +126,7 @@ impl Environments {
         announce: Option<Announce>,
     ) -> Result<Created, EnvironmentError> {
         let id = &request.id;
-        let _guard = self.locks.lock(id).await;
+        let _guard = self.locks.lock(&principal.organisation, id).await;
         if let Some(holder) = self.store.holder(id).await? {
             if holder != principal.organisation {
                 return Err(EnvironmentError::IdInUse(id.clone()));
@@ -245,7 +249,10 @@ impl Environments {
             deleted_at: None,
             machine: machine.id,
         };
-        self.store.insert(&row).await?;
+        self.store
+            .insert(&row)
+            .await
+            .map_err(EnvironmentError::inserting(id))?;
         Ok(row)
     }
 
@@ -308,7 +315,10 @@ impl Environments {
             machine: machine_name(&principal.organisation, id),
         };
         let _ = events.send(Progress::finished("image"));
-        self.store.insert(&row).await?;
+        self.store
+            .insert(&row)
+            .await
+            .map_err(EnvironmentError::inserting(id))?;
         let in_flight = self.locks.in_flight(
             id,
             &principal.organisation,

@@ -56,12 +56,31 @@ pub enum EnvironmentError {
         source: tokio::task::JoinError,
     },
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// The failure of a create that this request joined while it was provisioning.
     #[error(transparent)]
     Joined(Arc<EnvironmentError>),
     #[error("the create of {0} that this request joined ended without an outcome; ask again")]
     JoinedWithoutOutcome(EnvironmentId),
+}
+
+impl From<StoreError> for EnvironmentError {
+    fn from(e: StoreError) -> EnvironmentError {
+        EnvironmentError::Store(e)
+    }
+}
+
+impl EnvironmentError {
+    /// A store failure while inserting `id`'s row: another organisation's create that took the
+    /// identifier first makes it in use, as if it had been there all along.
+    pub(super) fn inserting(
+        id: &EnvironmentId,
+    ) -> impl FnOnce(StoreError) -> EnvironmentError + '_ {
+        move |e| match e {
+            StoreError::Held(_) => EnvironmentError::IdInUse(id.clone()),
+            e => EnvironmentError::Store(e),
+        }
+    }
 }
 
 /// What a person should read when the runtime failed: whether waiting helps, and that nothing

@@ -1,5 +1,9 @@
-//! Keeping operations on one identifier apart: the per-identifier lock every create, delete,
-//! replace and restart takes, and the creates in flight that a repeat joins.
+//! Keeping operations on one environment apart: the lock every create, delete, replace and
+//! restart takes, and the creates in flight that a repeat joins. Both are per organisation and
+//! identifier, so another organisation's requests for the same identifier (refused, since
+//! identifiers are unique on the host, by the store) never queue behind or ahead of its
+//! holder's; two organisations racing for a free identifier are told apart by the store's
+//! unique key.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,11 +16,18 @@ use crate::store::EnvironmentRecord;
 
 type IdLock = Arc<tokio::sync::Mutex<()>>;
 
+/// An environment as the locks know it: its organisation and identifier.
+type Key = (String, EnvironmentId);
+
+fn key(organisation: &str, id: &EnvironmentId) -> Key {
+    (organisation.to_owned(), id.clone())
+}
+
 #[derive(Default)]
 pub(super) struct Locks {
-    by_id: Mutex<HashMap<EnvironmentId, IdLock>>,
+    by_id: Mutex<HashMap<Key, IdLock>>,
     /// The creates that are provisioning now, for repeats that join them.
-    in_flight: Mutex<HashMap<EnvironmentId, Flight>>,
+    in_flight: Mutex<HashMap<Key, Flight>>,
 }
 
 /// How a create in flight ended, as its joiners see it.
@@ -32,10 +43,10 @@ pub(super) struct Flight {
     pub outcome: watch::Receiver<Option<FlightOutcome>>,
 }
 
-/// Holds one identifier's lock; forgets the lock when nobody else waits for it.
+/// Holds one environment's lock; forgets the lock when nobody else waits for it.
 pub(super) struct IdGuard<'a> {
     owner: &'a Locks,
-    id: EnvironmentId,
+    id: Key,
     lock: Option<IdLock>,
     _guard: tokio::sync::OwnedMutexGuard<()>,
 }
@@ -57,7 +68,7 @@ impl Drop for IdGuard<'_> {
 /// ends however it ends (a joiner of one that ended without landing hears so).
 pub(super) struct InFlight<'a> {
     owner: &'a Locks,
-    id: EnvironmentId,
+    id: Key,
     outcome: watch::Sender<Option<FlightOutcome>>,
 }
 
@@ -77,30 +88,33 @@ impl Drop for InFlight<'_> {
 }
 
 impl Locks {
-    fn lock_of(&self, id: &EnvironmentId) -> IdLock {
+    fn lock_of(&self, id: &Key) -> IdLock {
         let mut locks = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
         locks.entry(id.clone()).or_default().clone()
     }
 
-    /// Waits for `id`'s lock.
-    pub(super) async fn lock(&self, id: &EnvironmentId) -> IdGuard<'_> {
-        let lock = self.lock_of(id);
+    /// Waits for the lock of `organisation`'s `id`.
+    pub(super) async fn lock(&self, organisation: &str, id: &EnvironmentId) -> IdGuard<'_> {
+        let id = key(organisation, id);
+        let lock = self.lock_of(&id);
         let guard = lock.clone().lock_owned().await;
         IdGuard {
             owner: self,
-            id: id.clone(),
+            id,
             lock: Some(lock),
             _guard: guard,
         }
     }
 
-    /// `id`'s lock if nobody holds it now (a create, delete or replace in progress).
-    pub(super) fn try_lock(&self, id: &EnvironmentId) -> Option<IdGuard<'_>> {
-        let lock = self.lock_of(id);
+    /// The lock of `organisation`'s `id` if nobody holds it now (a create, delete or replace
+    /// in progress).
+    pub(super) fn try_lock(&self, organisation: &str, id: &EnvironmentId) -> Option<IdGuard<'_>> {
+        let id = key(organisation, id);
+        let lock = self.lock_of(&id);
         let guard = lock.clone().try_lock_owned().ok()?;
         Some(IdGuard {
             owner: self,
-            id: id.clone(),
+            id,
             lock: Some(lock),
             _guard: guard,
         })
@@ -127,18 +141,18 @@ impl Locks {
         self.in_flight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone(), flight);
+            .insert(key(organisation, id), flight);
         InFlight {
             owner: self,
-            id: id.clone(),
+            id: key(organisation, id),
             outcome,
         }
     }
 
-    /// `id`'s create in flight, if there is one.
-    pub(super) fn flight(&self, id: &EnvironmentId) -> Option<Flight> {
+    /// The create of `organisation`'s `id` in flight, if there is one.
+    pub(super) fn flight(&self, organisation: &str, id: &EnvironmentId) -> Option<Flight> {
         let in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        in_flight.get(id).cloned()
+        in_flight.get(&key(organisation, id)).cloned()
     }
 }
 
@@ -150,22 +164,28 @@ mod tests {
     async fn a_held_identifier_cannot_be_taken_and_is_forgotten_when_free() {
         let locks = Locks::default();
         let id: EnvironmentId = "demo".parse().unwrap();
-        let held = locks.lock(&id).await;
-        assert!(locks.try_lock(&id).is_none());
-        assert!(locks.try_lock(&"other".parse().unwrap()).is_some());
+        let held = locks.lock("acme", &id).await;
+        assert!(locks.try_lock("acme", &id).is_none());
+        assert!(locks.try_lock("acme", &"other".parse().unwrap()).is_some());
+        // Another organisation's requests for the same identifier never wait for acme's.
+        assert!(locks.try_lock("globex", &id).is_some());
         drop(held);
         assert!(locks.by_id.lock().unwrap().is_empty());
-        assert!(locks.try_lock(&id).is_some());
+        assert!(locks.try_lock("acme", &id).is_some());
     }
 
     #[tokio::test]
     async fn a_create_in_flight_can_be_joined_until_it_lands() {
         let locks = Locks::default();
         let id: EnvironmentId = "demo".parse().unwrap();
-        assert!(locks.flight(&id).is_none());
+        assert!(locks.flight("acme", &id).is_none());
         let (events, _) = broadcast::channel(4);
         let in_flight = locks.in_flight(&id, "acme", Some("make".into()), None, &events);
-        let flight = locks.flight(&id).unwrap();
+        assert!(
+            locks.flight("globex", &id).is_none(),
+            "acme's, not globex's"
+        );
+        let flight = locks.flight("acme", &id).unwrap();
         assert_eq!(
             (flight.organisation.as_str(), flight.setup.as_deref()),
             ("acme", Some("make"))
@@ -177,6 +197,6 @@ mod tests {
         in_flight.land(Err(Arc::new(EnvironmentError::NotFound(id.clone()))));
         let landed = outcome.wait_for(Option::is_some).await.unwrap().clone();
         assert!(matches!(landed, Some(Err(_))));
-        assert!(locks.flight(&id).is_none());
+        assert!(locks.flight("acme", &id).is_none());
     }
 }

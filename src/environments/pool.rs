@@ -14,7 +14,7 @@ use sha2::{Digest as _, Sha256};
 use super::{EnvironmentError, Environments};
 use crate::config::Config;
 use crate::model::EnvironmentId;
-use crate::store::EnvironmentRecord;
+use crate::store::{EnvironmentRecord, EnvironmentSummary};
 
 /// How the runtime's names of pool machines begin; a claimed machine keeps its name.
 pub(super) const NAME_PREFIX: &str = "narya-pool-";
@@ -237,8 +237,8 @@ impl Environments {
     /// configuration and running, is pooled; any other is removed, and so is every pool
     /// workspace without a machine.
     pub(super) async fn recover_pool(&self) -> Result<(), EnvironmentError> {
-        let rows = self.store.list_all().await?;
-        let claimed: HashMap<&str, &EnvironmentRecord> =
+        let rows = self.store.summaries().await?;
+        let claimed: HashMap<&str, &EnvironmentSummary> =
             rows.iter().map(|r| (r.machine.as_str(), r)).collect();
         let mut unclaimed = Vec::new();
         for machine in self.runtime.list().await? {
@@ -289,8 +289,8 @@ impl Environments {
     /// only while the store still names that machine for it (a delete and a create of the
     /// identifier may have come since `row` was read). A binding that fails is tried again at
     /// the next start: the environment's record names the machine either way.
-    async fn finish_claim(&self, row: &EnvironmentRecord) {
-        let _guard = self.locks.lock(&row.id).await;
+    async fn finish_claim(&self, row: &EnvironmentSummary) {
+        let _guard = self.locks.lock(&row.organisation, &row.id).await;
         let current = match self.store.get(&row.organisation, &row.id).await {
             Ok(Some(now)) if now.deleted_at.is_none() && now.machine == row.machine => now,
             Ok(_) => return,
@@ -309,7 +309,7 @@ impl Environments {
     fn sweep_pool_workspaces(
         &self,
         kept: &VecDeque<String>,
-        claimed: &HashMap<&str, &EnvironmentRecord>,
+        claimed: &HashMap<&str, &EnvironmentSummary>,
     ) {
         let Ok(entries) = std::fs::read_dir(self.pool_dir()) else {
             return;
@@ -320,11 +320,7 @@ impl Environments {
                 continue;
             }
             let path = entry.path();
-            let removed = match entry.file_type() {
-                Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(&path),
-                _ => std::fs::remove_file(&path),
-            };
-            if let Err(e) = removed {
+            if let Err(e) = self.trash.discard(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot remove a pool workspace");
             }
         }
@@ -445,11 +441,8 @@ impl Environments {
             }
             return;
         }
-        match std::fs::remove_dir_all(self.pool_workspace(name)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                tracing::warn!(machine = %name, error = %e, "cannot remove a pool workspace");
-            }
-            _ => {}
+        if let Err(e) = self.trash.discard(&self.pool_workspace(name)) {
+            tracing::warn!(machine = %name, error = %e, "cannot remove a pool workspace");
         }
     }
 
@@ -482,7 +475,7 @@ impl Environments {
         );
         let span = tracing::info_span!("label", environment.id = %id, organisation = %organisation);
         let label = async move {
-            let _guard = this.locks.lock(&id).await;
+            let _guard = this.locks.lock(&organisation, &id).await;
             match this.store.get(&organisation, &id).await {
                 Ok(Some(row)) if row.deleted_at.is_none() && row.machine == machine => {}
                 // Deleted (or made anew) meanwhile: nothing of this claim to label.
@@ -524,10 +517,7 @@ impl Environments {
                 }
                 Ok(_) => {
                     // Whatever a failed earlier create of this identifier left goes first.
-                    match std::fs::remove_dir_all(&to) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                        _ => {}
-                    }
+                    self.trash.discard(&to)?;
                     std::fs::rename(&from, &to)?;
                 }
                 // Moved by a daemon that died before it linked it.
@@ -545,13 +535,7 @@ impl Environments {
         if !machine.starts_with(NAME_PREFIX) {
             return Ok(());
         }
-        let entry = self.pool_workspace(machine);
-        match std::fs::symlink_metadata(&entry) {
-            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&entry),
-            Ok(_) => std::fs::remove_file(&entry),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.trash.discard(&self.pool_workspace(machine))
     }
 
     fn unpinned_image(&self) -> ImageSource {

@@ -14,7 +14,7 @@ use super::create::UNDO_PENDING;
 use super::delete::unix_now;
 use super::Environments;
 use crate::model::{now_rfc3339, SetupState, SetupStep, Status};
-use crate::store::{EnvironmentRecord, SetupRecord};
+use crate::store::{EnvironmentRecord, EnvironmentSummary, SetupRecord};
 
 /// How often the runtime is compared with the store while it answers.
 const POLL: Duration = Duration::from_secs(2);
@@ -72,8 +72,8 @@ impl Environments {
     /// Records the creates and replaces a previous daemon left under way as interrupted in the
     /// step they were in: nothing is provisioning them now, and nobody can say what they left.
     pub async fn mark_interrupted(&self) -> Result<(), crate::store::StoreError> {
-        for row in self.store.list_all().await? {
-            let under_way = !row.setup_recorded && row.setup.is_none() && row.deleted_at.is_none();
+        for row in self.store.summaries().await? {
+            let under_way = !row.setup_recorded && !row.has_setup && row.deleted_at.is_none();
             if under_way {
                 tracing::warn!(environment.id = %row.id, organisation = %row.organisation, "creation was interrupted by a daemon stop");
                 self.store
@@ -167,7 +167,7 @@ impl Environments {
     /// As [`Environments::reconcile_machine`], for each of `machines`: one read of the store,
     /// and one state call for each machine it knows.
     async fn reconcile_machines(&self, machines: &BTreeSet<String>) -> Result<(), String> {
-        let rows = self.store.list_all().await.map_err(|e| e.to_string())?;
+        let rows = self.store.summaries().await.map_err(|e| e.to_string())?;
         let mut failed = None;
         for row in rows.iter().filter(|r| {
             machines.contains(&r.machine)
@@ -196,7 +196,7 @@ impl Environments {
             }
             Err(e) => return Err(e.to_string()),
         }
-        let rows: Vec<_> = (self.store.list_all().await.map_err(|e| e.to_string())?)
+        let rows: Vec<_> = (self.store.summaries().await.map_err(|e| e.to_string())?)
             .into_iter()
             .filter(|r| r.deleted_at.is_none())
             .collect();
@@ -261,8 +261,8 @@ impl Environments {
 
     /// Finishes taking back a create whose undo the runtime refused, unless something holds the
     /// identifier: the machine removed, and the record `unusable` with the cause.
-    async fn finish_undo(&self, row: &EnvironmentRecord) {
-        let Some(_guard) = self.locks.try_lock(&row.id) else {
+    async fn finish_undo(&self, row: &EnvironmentSummary) {
+        let Some(_guard) = self.locks.try_lock(&row.organisation, &row.id) else {
             return;
         };
         let Ok(Some(mut current)) = self.store.get(&row.organisation, &row.id).await else {
@@ -281,7 +281,7 @@ impl Environments {
             tracing::warn!(environment.id = %row.id, error = %e, "still cannot take back a failed create; retrying");
             return;
         }
-        if let Err(e) = self.remove_workspace(row) {
+        if let Err(e) = self.remove_workspace(&current) {
             tracing::warn!(environment.id = %row.id, error = %e, "could not remove the workspace of a failed create");
         }
         let now = now_rfc3339();
@@ -309,11 +309,11 @@ impl Environments {
     }
 
     /// Writes `status` for `row` if it changed and no create, delete or replace holds the id.
-    async fn settle(&self, row: &EnvironmentRecord, status: Status, detail: Option<&str>) {
+    async fn settle(&self, row: &EnvironmentSummary, status: Status, detail: Option<&str>) {
         if row.status == status && row.status_detail.as_deref() == detail {
             return;
         }
-        let Some(_guard) = self.locks.try_lock(&row.id) else {
+        let Some(_guard) = self.locks.try_lock(&row.organisation, &row.id) else {
             return;
         };
         if let Some(current) = self.settled_row(row).await {
@@ -323,7 +323,7 @@ impl Environments {
 
     /// `row` as it reads now, under its lock, if the reconciler may still judge it: recorded,
     /// not unusable, not deleted.
-    async fn settled_row(&self, row: &EnvironmentRecord) -> Option<EnvironmentRecord> {
+    async fn settled_row(&self, row: &EnvironmentSummary) -> Option<EnvironmentRecord> {
         let current = self.store.get(&row.organisation, &row.id).await.ok()??;
         let judged = current.setup_recorded
             && current.status != Status::Unusable
@@ -334,8 +334,8 @@ impl Environments {
     /// Releases what the runtime still holds for a machine it lost (on containerd: its network
     /// namespace, interface and address), under the environment's lock and only while the
     /// runtime still answers that the machine is missing. Whether the row may be settled now.
-    async fn release_lost(&self, row: &EnvironmentRecord) -> bool {
-        let Some(_guard) = self.locks.try_lock(&row.id) else {
+    async fn release_lost(&self, row: &EnvironmentSummary) -> bool {
+        let Some(_guard) = self.locks.try_lock(&row.organisation, &row.id) else {
             return false;
         };
         let Some(current) = self.settled_row(row).await else {
@@ -358,8 +358,8 @@ impl Environments {
     /// replace races it) with one state call, and acts only on what the runtime is sure of: a
     /// machine seen stopped is started again, a missing one is `gone`, a running one `ready`;
     /// one whose state it cannot tell is left alone. A held lock leaves it to a later look.
-    async fn look_at(&self, row: &EnvironmentRecord) -> Result<(), String> {
-        let Some(_guard) = self.locks.try_lock(&row.id) else {
+    async fn look_at(&self, row: &EnvironmentSummary) -> Result<(), String> {
+        let Some(_guard) = self.locks.try_lock(&row.organisation, &row.id) else {
             return Ok(());
         };
         let Some(current) = self.settled_row(row).await else {

@@ -32,7 +32,7 @@ impl Environments {
         principal: Principal,
         id: EnvironmentId,
     ) -> Result<EnvironmentRecord, EnvironmentError> {
-        let _guard = self.locks.lock(&id).await;
+        let _guard = self.locks.lock(&principal.organisation, &id).await;
         let mut row = self.get(&principal, &id).await?;
         if row.deleted_at.is_some() {
             return Err(EnvironmentError::Deleted(id));

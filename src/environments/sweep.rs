@@ -44,7 +44,7 @@ impl Environments {
             Ok(None) | Err(_) => return false,
         }
         // A create holds the identifier's lock while it clones; held, it may be in flight.
-        let Some(_guard) = self.locks.try_lock(&id) else {
+        let Some(_guard) = self.locks.try_lock(organisation, &id) else {
             return false;
         };
         match self.runtime.remove_throwaway(&throwaway.name).await {

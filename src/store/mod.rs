@@ -26,6 +26,9 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database query failed: {0}")]
     Query(#[from] sqlx::Error),
+    /// An insert met a row of the same identifier (another organisation's create won a race).
+    #[error("the identifier is held by another row")]
+    Held(#[source] sqlx::Error),
     #[error("the database holds a {column} it cannot read back ({value:?}): {reason}")]
     Corrupt {
         column: &'static str,
@@ -67,6 +70,21 @@ pub struct EnvironmentRecord {
     pub deleted_at: Option<i64>,
     /// The runtime's name for its machine.
     pub machine: String,
+}
+
+/// What the reconciler and the sweeps read of every row: who, which machine, how it stands;
+/// never the script or the output, so a pass over many rows costs little whatever they hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvironmentSummary {
+    pub id: EnvironmentId,
+    pub organisation: String,
+    pub machine: String,
+    pub status: Status,
+    pub status_detail: Option<String>,
+    pub setup_recorded: bool,
+    /// Whether a setup (or clone) outcome is recorded.
+    pub has_setup: bool,
+    pub deleted_at: Option<i64>,
 }
 
 /// The database, and the events every status it writes is published to: statuses are written
@@ -290,12 +308,29 @@ impl Store {
         rows.iter().map(record_from_row).collect()
     }
 
-    /// Every environment on this host, of every organisation: for the reconciler only, which
-    /// compares them with the runtime and never shows them to anyone.
-    pub async fn list_all(&self) -> Result<Vec<EnvironmentRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM environments ORDER BY id");
-        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
-        rows.iter().map(record_from_row).collect()
+    /// Every environment on this host, of every organisation, summarised: for the reconciler
+    /// and the sweeps only, which compare them with the runtime and never show them to anyone.
+    pub async fn summaries(&self) -> Result<Vec<EnvironmentSummary>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, organisation, machine, status, status_detail, setup_recorded, \
+             setup_state IS NOT NULL AS has_setup, deleted_at FROM environments ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(EnvironmentSummary {
+                    id: parsed(row, "id")?,
+                    organisation: row.try_get("organisation")?,
+                    machine: row.try_get("machine")?,
+                    status: parsed(row, "status")?,
+                    status_detail: row.try_get("status_detail")?,
+                    setup_recorded: row.try_get("setup_recorded")?,
+                    has_setup: row.try_get("has_setup")?,
+                    deleted_at: row.try_get("deleted_at")?,
+                })
+            })
+            .collect()
     }
 
     /// Sets an environment's status and detail, nothing else, if either changes.
@@ -343,7 +378,7 @@ impl Store {
         Ok(row.map(|r| r.try_get("organisation")).transpose()?)
     }
 
-    /// Inserts a new row. Fails (a unique-constraint error) when the id is held.
+    /// Inserts a new row. Fails with [`StoreError::Held`] when the id is held.
     pub async fn insert(&self, record: &EnvironmentRecord) -> Result<(), StoreError> {
         let query = sqlx::query(
             "INSERT INTO environments (id, organisation, person, created_at, fingerprint, \
@@ -356,10 +391,19 @@ impl Store {
         .bind(&record.organisation)
         .bind(&record.person)
         .bind(&record.created_at);
-        bind_changing(query, record)
+        let inserted = bind_changing(query, record)
             .bind(&record.machine)
             .execute(&self.pool)
-            .await?;
+            .await;
+        match inserted {
+            Err(e)
+                if e.as_database_error()
+                    .is_some_and(|d| d.is_unique_violation()) =>
+            {
+                return Err(StoreError::Held(e))
+            }
+            done => done?,
+        };
         self.published(record);
         Ok(())
     }

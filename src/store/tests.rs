@@ -98,7 +98,32 @@ async fn an_id_is_unique_on_the_host() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
     store.insert(&record("demo", "acme")).await.unwrap();
-    assert!(store.insert(&record("demo", "globex")).await.is_err());
+    assert!(matches!(
+        store.insert(&record("demo", "globex")).await,
+        Err(StoreError::Held(_))
+    ));
+}
+
+#[tokio::test]
+async fn summaries_carry_no_script_and_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+    let mut row = record("demo", "acme");
+    row.setup_script = Some("x".repeat(65536));
+    store.insert(&row).await.unwrap();
+    let summaries = store.summaries().await.unwrap();
+    assert_eq!(summaries.len(), 1);
+    let summary = &summaries[0];
+    assert_eq!(
+        (
+            summary.id.as_str(),
+            summary.organisation.as_str(),
+            summary.machine.as_str()
+        ),
+        ("demo", "acme", row.machine.as_str())
+    );
+    assert_eq!(summary.status, row.status);
+    assert_eq!(summary.has_setup, row.setup.is_some());
 }
 
 #[tokio::test]

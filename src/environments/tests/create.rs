@@ -416,3 +416,22 @@ async fn an_undo_the_runtime_refuses_is_finished_by_the_reconciler_and_reads_unu
         setup.output
     );
 }
+
+#[tokio::test]
+async fn another_organisation_is_refused_at_once_while_the_holder_provisions() {
+    let host = Host::new().await;
+    let stall = host.fake.stall(Op::Run);
+    let first = host.create_in_background("demo", Some("make"));
+    stall.reached().await;
+    // acme's create holds its lock through the setup; globex's asks never wait for it.
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        host.try_create(person("globex"), "demo", None),
+    )
+    .await
+    .expect("globex's create does not queue behind acme's");
+    assert!(matches!(refused, Err(EnvironmentError::IdInUse(_))));
+    stall.release();
+    assert!(first.await.unwrap().unwrap().is_new());
+    assert!(host.row("globex", "demo").await.is_none());
+}
