@@ -316,7 +316,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     if let Some(listener) = metrics_listener {
         tracing::info!(addr = %listener.local_addr().map_err(DaemonError::Serve)?, "serving metrics (no token) at /metrics");
-        let scrape = crate::metrics::router(metrics.clone(), store.clone());
+        let scrape =
+            crate::metrics::router(metrics.clone(), store.clone(), config.state_dir.clone());
         servers.spawn(transport::serve(
             listener,
             scrape,

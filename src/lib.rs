@@ -9,6 +9,7 @@ pub mod config;
 pub mod conformance;
 pub mod daemon;
 pub mod devkeys;
+pub mod disk;
 pub mod environments;
 pub mod events;
 pub mod github;

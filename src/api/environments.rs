@@ -15,14 +15,15 @@ use crate::environments::{CreateRequest, ExecRequest};
 #[utoipa::path(post, path = "/v1/environments", tag = "environments",
     request_body = CreateBody,
     responses(
-        (status = 201, description = "Provisioned now. With Accept: application/x-ndjson: step events, clone/setup output chunks, then {\"environment\": …}; a stream the host cuts short (it is shutting down) ends with {\"error\": {\"code\": \"NRY-0099\", …}} instead", body = EnvironmentView),
+        (status = 201, description = "Provisioned now. With Accept: application/x-ndjson: step events, clone/setup output chunks, then {\"environment\": …}; a stream the host cuts short (it is shutting down, or the reader fell more than 64 lines behind) ends with {\"error\": {\"code\": \"NRY-0099\", …}} instead", body = EnvironmentView),
         (status = 200, description = "It already existed; nothing was provisioned and no setup ran, whatever this request's setup or repository (streamed: a repeat joining a create in flight sees its events from then on, and answers its outcome)", body = EnvironmentView,
             headers(("Narya-Create-Differs" = String, description = "Present when this request's setup or repository differ from the existing environment's: `setup`, `repository` or `setup, repository`. Nothing of the request was applied."))),
         (status = 400, description = "NRY-0020..0023: the body breaks a rule", body = ErrorBody),
         (status = 401, description = "NRY-0011", body = ErrorBody),
         (status = 403, description = "NRY-0050/0051: GitHub installation missing or repository not selected", body = ErrorBody),
         (status = 409, description = "NRY-0040: the identifier is held by another organisation; NRY-0041: a setup-carrying create met a machine whose setup state was never recorded (`setup.state` `interrupted`)", body = ErrorBody),
-        (status = 503, description = "NRY-0060/0061", body = ErrorBody),
+        (status = 429, description = "NRY-0070: the organisation holds `[organisation] max_environments` environments", body = ErrorBody),
+        (status = 503, description = "NRY-0060/0061; NRY-0062: the host is short of disk (`[host] reserve_disk`)", body = ErrorBody),
     ))]
 pub async fn create(
     State(state): State<AppState>,

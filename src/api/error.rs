@@ -43,6 +43,9 @@ pub enum ApiError {
     /// The daemon stopped at its shutdown timeout with the answer still streaming.
     #[error("the host is shutting down and its shutdown timeout ended this stream; what it ran was stopped; repeat the request once the host is back")]
     ShuttingDown,
+    /// The organisation holds its share of open event streams.
+    #[error("your organisation holds {max} open event streams, its limit on this host (`[organisation] max_event_streams`); close one before opening another")]
+    TooManyStreams { max: usize },
     /// A streaming reader fell further behind than the host keeps for it.
     #[error("this stream fell {missed} progress lines behind its reader and was ended so that it holds no more of the host's memory; the create goes on: GET /v1/environments/{id} for its outcome")]
     StreamFellBehind { id: String, missed: u64 },
@@ -68,6 +71,7 @@ impl ApiError {
             ApiError::NoRoute { .. } => (NOT_FOUND, "NRY-0030"),
             ApiError::Environment(e) => environment_parts(e.cause()),
             ApiError::Organisation(o) => organisation_parts(o),
+            ApiError::TooManyStreams { .. } => (StatusCode::TOO_MANY_REQUESTS, "NRY-0070"),
             ApiError::ShuttingDown | ApiError::StreamFellBehind { .. } => INTERNAL,
         }
     }
@@ -87,6 +91,8 @@ fn environment_parts(e: &EnvironmentError) -> (StatusCode, &'static str) {
         E::NotFound(_) => (NOT_FOUND, "NRY-0030"),
         E::IdInUse(_) => (CONFLICT, "NRY-0040"),
         E::SetupUnrecorded(_) => (CONFLICT, "NRY-0041"),
+        E::AtEnvironmentLimit { .. } => (StatusCode::TOO_MANY_REQUESTS, "NRY-0070"),
+        E::HostShortOfDisk { .. } => (UNAVAILABLE, "NRY-0062"),
         E::NotReady { .. } | E::NotGone { .. } | E::Deleted(_) | E::NoRunningMachine { .. } => {
             (CONFLICT, "NRY-0042")
         }

@@ -10,8 +10,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use sections::{
-    Algorithm, Backend, EnvironmentConfig, GitHub, Identity, Image, LimitsConfig, Listen, Log,
-    LogFormat, NetworkSection, PoolConfig, RuntimeConfig, MAX_POOL_SIZE,
+    Algorithm, Backend, EnvironmentConfig, GitHub, HostConfig, Identity, Image, LimitsConfig,
+    Listen, Log, LogFormat, NetworkSection, OrganisationConfig, PoolConfig, RuntimeConfig,
+    MAX_POOL_SIZE,
 };
 pub use values::{
     is_plain_http_off_loopback, parse_bytes, parse_duration, parse_user, HumanDuration,
@@ -58,6 +59,10 @@ pub struct Config {
     pub network: NetworkSection,
     #[serde(default)]
     pub limits: LimitsConfig,
+    #[serde(default)]
+    pub host: HostConfig,
+    #[serde(default)]
+    pub organisation: OrganisationConfig,
     #[serde(default)]
     pub pool: PoolConfig,
     pub github: Option<GitHub>,
@@ -178,6 +183,10 @@ impl Config {
                 return Err(format!("key `{key}` must be longer than zero"));
             }
         }
+        let shares = &self.organisation;
+        if shares.max_environments == 0 || shares.max_event_streams == 0 {
+            return Err("keys `organisation.max_environments` and `organisation.max_event_streams` must be at least 1".to_owned());
+        }
         if self.pool.size > MAX_POOL_SIZE {
             return Err(format!("key `pool.size` must be at most {MAX_POOL_SIZE}"));
         }
@@ -266,6 +275,26 @@ audience = "narya"
         assert_eq!(c.environment.gone_retention.0, Duration::from_secs(86400));
         assert!(c.github.is_none());
         assert_eq!(c.database_path(), PathBuf::from("/var/lib/narya/narya.db"));
+        assert_eq!(c.host.reserve_disk, 2 << 30);
+        assert_eq!(c.organisation.max_environments, 100);
+        assert_eq!(c.organisation.max_event_streams, 8);
+    }
+
+    #[test]
+    fn fair_shares_and_the_hosts_reserve_are_read_and_checked() {
+        let c = Config::parse(&format!(
+            "{MINIMAL}\n[host]\nreserve_disk = \"512MiB\"\n[organisation]\nmax_environments = 3\nmax_event_streams = 1\n"
+        ))
+        .unwrap();
+        assert_eq!(c.host.reserve_disk, 512 << 20);
+        assert_eq!(c.organisation.max_environments, 3);
+        assert_eq!(c.organisation.max_event_streams, 1);
+        let zero = Config::parse(&format!(
+            "{MINIMAL}\n[organisation]\nmax_environments = 0\n"
+        ));
+        assert!(zero.unwrap_err().contains("organisation.max_environments"));
+        let bad = Config::parse(&format!("{MINIMAL}\n[host]\nreserve_disk = \"2GB\"\n"));
+        assert!(bad.is_err());
     }
 
     #[test]

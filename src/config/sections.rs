@@ -188,6 +188,56 @@ impl Default for NetworkSection {
     }
 }
 
+/// `[host]`: what the host keeps for itself.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// Below this much free space on `state_dir`'s filesystem, creates are refused: the
+    /// database and the daemon's own files need room to write what they already hold.
+    #[serde(default = "default_reserve_disk", deserialize_with = "bytes")]
+    pub reserve_disk: u64,
+}
+
+fn default_reserve_disk() -> u64 {
+    2 << 30
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            reserve_disk: default_reserve_disk(),
+        }
+    }
+}
+
+/// `[organisation]`: fair shares between the organisations of one host.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrganisationConfig {
+    /// Recorded environments (not `gone`) one organisation may hold.
+    #[serde(default = "default_max_environments")]
+    pub max_environments: usize,
+    /// Open `GET /v1/events` streams one organisation may hold.
+    #[serde(default = "default_max_event_streams")]
+    pub max_event_streams: usize,
+}
+
+fn default_max_environments() -> usize {
+    100
+}
+fn default_max_event_streams() -> usize {
+    8
+}
+
+impl Default for OrganisationConfig {
+    fn default() -> Self {
+        OrganisationConfig {
+            max_environments: default_max_environments(),
+            max_event_streams: default_max_event_streams(),
+        }
+    }
+}
+
 /// `[limits]`: what bounds each environment (machine, setup, exec and clone share them).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -88,11 +88,11 @@ impl Environments {
             deleted_at: None,
             machine: pooled.name.clone(),
         };
-        if let Err(e) = self.store.insert(&row).await {
+        if let Err(e) = self.insert_row(&row).await {
             // Nothing names the machine: it is still a pool machine, of nobody.
             self.discard_pooled(&pooled.name).await;
             self.metrics.create_ended(None);
-            return Err(EnvironmentError::inserting(id)(e));
+            return Err(e);
         }
         if setup_less {
             let moved = self.move_pool_workspace(&row.machine, &row.id);

@@ -249,10 +249,7 @@ impl Environments {
             deleted_at: None,
             machine: machine.id,
         };
-        self.store
-            .insert(&row)
-            .await
-            .map_err(EnvironmentError::inserting(id))?;
+        self.insert_row(&row).await?;
         Ok(row)
     }
 
@@ -263,7 +260,8 @@ impl Environments {
         request: &CreateRequest,
         announce: Option<Announce>,
     ) -> Result<EnvironmentRecord, EnvironmentError> {
-        // Before anything is made, not even a row: GitHub's refusals cost nothing to undo.
+        // Before anything is made, not even a row: refusals cost nothing to undo.
+        self.admit(principal).await?;
         let clone = match &request.repository {
             Some(repository) => Some(self.check_repository(principal, repository).await?),
             None => None,
@@ -315,10 +313,7 @@ impl Environments {
             machine: machine_name(&principal.organisation, id),
         };
         let _ = events.send(Progress::finished("image"));
-        self.store
-            .insert(&row)
-            .await
-            .map_err(EnvironmentError::inserting(id))?;
+        self.insert_row(&row).await?;
         let in_flight = self.locks.in_flight(
             id,
             &principal.organisation,

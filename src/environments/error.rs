@@ -57,6 +57,10 @@ pub enum EnvironmentError {
     },
     #[error(transparent)]
     Store(StoreError),
+    #[error("your organisation holds {max} environments, its limit on this host (`[organisation] max_environments`); delete one (narya env delete ID) before creating another")]
+    AtEnvironmentLimit { max: usize },
+    #[error("the host is short of disk: {free} bytes are free on its state directory's filesystem, below the {reserve} it keeps for itself (`[host] reserve_disk`); nothing was provisioned; an operator must free space, or delete environments")]
+    HostShortOfDisk { free: u64, reserve: u64 },
     /// The failure of a create that this request joined while it was provisioning.
     #[error(transparent)]
     Joined(Arc<EnvironmentError>),
@@ -78,6 +82,7 @@ impl EnvironmentError {
     ) -> impl FnOnce(StoreError) -> EnvironmentError + '_ {
         move |e| match e {
             StoreError::Held(_) => EnvironmentError::IdInUse(id.clone()),
+            StoreError::AtLimit(max) => EnvironmentError::AtEnvironmentLimit { max },
             e => EnvironmentError::Store(e),
         }
     }

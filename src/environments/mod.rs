@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use sha2::{Digest as _, Sha256};
 use tokio_util::task::TaskTracker;
 
+mod admit;
 mod answer;
 mod bounds;
 mod claim;

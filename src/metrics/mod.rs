@@ -51,6 +51,7 @@ struct Inner {
     runtime_failures: Family<Label, Counter>,
     jwt_refusals: Family<Label, Counter>,
     connections: Family<Label, Gauge>,
+    host_free_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -74,12 +75,18 @@ impl Metrics {
             runtime_failures: Family::default(),
             jwt_refusals: Family::default(),
             connections: Family::default(),
+            host_free_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
             "environments",
             "Environments on this host by status (deleted ones read gone until forgotten)",
             inner.environments.clone(),
+        );
+        registry.register(
+            "host_free_bytes",
+            "Free bytes on the filesystem of state_dir (creates are refused below [host] reserve_disk)",
+            inner.host_free_bytes.clone(),
         );
         registry.register(
             "organisations",
@@ -164,6 +171,13 @@ impl Metrics {
                 .set(count);
         }
         self.inner.organisations.set(census.organisations);
+    }
+
+    /// The free bytes on `state_dir`'s filesystem, as just read.
+    pub fn host_free(&self, bytes: u64) {
+        self.inner
+            .host_free_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// A create that provisioned ended as `status`, or failed (`None`).

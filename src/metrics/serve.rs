@@ -1,6 +1,8 @@
 //! What the metrics listener answers: `GET /metrics` in the text exposition format, no token;
 //! nothing else. The API listeners never route here.
 
+use std::path::PathBuf;
+
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -17,14 +19,19 @@ const TEXT_FORMAT: &str = "application/openmetrics-text; version=1.0.0; charset=
 struct Scrape {
     metrics: Metrics,
     store: Store,
+    state_dir: PathBuf,
 }
 
-/// The metrics listener's router.
-pub fn router(metrics: Metrics, store: Store) -> Router {
+/// The metrics listener's router; the free space is read on `state_dir`'s filesystem.
+pub fn router(metrics: Metrics, store: Store, state_dir: PathBuf) -> Router {
     Router::new()
         .route("/metrics", get(scrape))
         .fallback(|| async { (StatusCode::NOT_FOUND, "only GET /metrics is served here\n") })
-        .with_state(Scrape { metrics, store })
+        .with_state(Scrape {
+            metrics,
+            store,
+            state_dir,
+        })
 }
 
 async fn scrape(State(scrape): State<Scrape>) -> Response {
@@ -39,6 +46,10 @@ async fn scrape(State(scrape): State<Scrape>) -> Response {
             )
                 .into_response();
         }
+    }
+    match crate::disk::free_bytes(&scrape.state_dir) {
+        Ok(free) => scrape.metrics.host_free(free),
+        Err(e) => tracing::warn!(error = %e, "cannot read the free space of the state directory"),
     }
     (
         [(header::CONTENT_TYPE, TEXT_FORMAT)],

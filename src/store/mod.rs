@@ -29,6 +29,9 @@ pub enum StoreError {
     /// An insert met a row of the same identifier (another organisation's create won a race).
     #[error("the identifier is held by another row")]
     Held(#[source] sqlx::Error),
+    /// An insert would take an organisation past its `max_environments`.
+    #[error("the organisation holds its limit of {0} environments")]
+    AtLimit(usize),
     #[error("the database holds a {column} it cannot read back ({value:?}): {reason}")]
     Corrupt {
         column: &'static str,
@@ -380,12 +383,25 @@ impl Store {
 
     /// Inserts a new row. Fails with [`StoreError::Held`] when the id is held.
     pub async fn insert(&self, record: &EnvironmentRecord) -> Result<(), StoreError> {
+        self.insert_within(record, usize::MAX).await
+    }
+
+    /// Inserts a new row unless its organisation already holds `max_environments` recorded
+    /// environments (not `gone`): [`StoreError::AtLimit`]. Counted and inserted in one
+    /// statement, so creates racing each other never pass the limit together.
+    pub async fn insert_within(
+        &self,
+        record: &EnvironmentRecord,
+        max_environments: usize,
+    ) -> Result<(), StoreError> {
         let query = sqlx::query(
             "INSERT INTO environments (id, organisation, person, created_at, fingerprint, \
              setup_script, repository, image_digest, setup_recorded, status, status_detail, \
              setup_state, setup_step, setup_exit_code, setup_output, setup_output_truncated, \
              setup_started_at, setup_finished_at, updated_at, deleted_at, machine) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
+             WHERE (SELECT COUNT(*) FROM environments WHERE organisation = ? \
+                    AND status != 'gone') < ?",
         )
         .bind(record.id.as_str())
         .bind(&record.organisation)
@@ -393,6 +409,8 @@ impl Store {
         .bind(&record.created_at);
         let inserted = bind_changing(query, record)
             .bind(&record.machine)
+            .bind(&record.organisation)
+            .bind(i64::try_from(max_environments).unwrap_or(i64::MAX))
             .execute(&self.pool)
             .await;
         match inserted {
@@ -402,10 +420,25 @@ impl Store {
             {
                 return Err(StoreError::Held(e))
             }
+            Ok(done) if done.rows_affected() == 0 => {
+                return Err(StoreError::AtLimit(max_environments))
+            }
             done => done?,
         };
         self.published(record);
         Ok(())
+    }
+
+    /// How many recorded environments (not `gone`) `organisation` holds.
+    pub async fn recorded_count(&self, organisation: &str) -> Result<usize, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n FROM environments WHERE organisation = ? AND status != 'gone'",
+        )
+        .bind(organisation)
+        .fetch_one(&self.pool)
+        .await?;
+        let n: i64 = row.try_get("n")?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     /// Writes a row's status, setup record and fingerprint in one statement: the outcome of a

@@ -435,3 +435,49 @@ async fn another_organisation_is_refused_at_once_while_the_holder_provisions() {
     assert!(first.await.unwrap().unwrap().is_new());
     assert!(host.row("globex", "demo").await.is_none());
 }
+
+#[tokio::test]
+async fn an_organisation_at_its_share_is_refused_and_another_is_not() {
+    let host = Host::with_config("[organisation]\nmax_environments = 2\n").await;
+    host.create("one", None).await;
+    host.create("two", Some("make")).await;
+    let refused = host.try_create(acme(), "three", None).await;
+    assert!(
+        matches!(
+            refused,
+            Err(EnvironmentError::AtEnvironmentLimit { max: 2 })
+        ),
+        "{refused:?}"
+    );
+    assert!(
+        host.row("acme", "three").await.is_none(),
+        "nothing recorded"
+    );
+    // A repeat of one it holds still answers; another organisation has its own share.
+    assert!(!host.create("one", None).await.is_new());
+    assert!(host
+        .try_create(person("globex"), "elsewhere", None)
+        .await
+        .unwrap()
+        .is_new());
+    // A deleted environment (gone) no longer counts.
+    host.environments
+        .delete(acme(), "two".parse().unwrap())
+        .await
+        .unwrap();
+    assert!(host.create("three", None).await.is_new());
+}
+
+#[tokio::test]
+async fn a_host_short_of_disk_refuses_creates_before_anything_is_made() {
+    // No filesystem has an exabyte free.
+    let host = Host::with_config("[host]\nreserve_disk = \"1048576TiB\"\n").await;
+    let refused = host.try_create(acme(), "demo", Some("make")).await;
+    assert!(
+        matches!(refused, Err(EnvironmentError::HostShortOfDisk { .. })),
+        "{refused:?}"
+    );
+    assert!(host.row("acme", "demo").await.is_none());
+    assert_eq!(host.fake.calls(Op::CreateMachine), 0);
+    assert_eq!(host.fake.calls(Op::EnsureImage), 0);
+}
