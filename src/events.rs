@@ -69,18 +69,30 @@ impl Events {
 
     /// `organisation`'s status changes from now on; after [`Events::close`], none.
     pub fn subscribe(&self, organisation: &str) -> Subscription {
+        // No organisation holds usize::MAX subscriptions: never refused.
+        self.subscribe_within(organisation, usize::MAX)
+            .unwrap_or_else(closed)
+    }
+
+    /// As [`Events::subscribe`], unless `organisation` already holds `max` open subscriptions:
+    /// then `None`.
+    pub fn subscribe_within(&self, organisation: &str, max: usize) -> Option<Subscription> {
         let mut hub = self.hub();
         if hub.closed {
-            let (_, receiver) = broadcast::channel(1);
-            return Subscription { receiver };
+            return Some(closed());
         }
         hub.organisations.retain(|_, s| s.receiver_count() > 0);
-        let receiver = hub
+        let sender = hub
             .organisations
             .entry(organisation.to_owned())
-            .or_insert_with(|| broadcast::channel(BACKLOG).0)
-            .subscribe();
-        Subscription { receiver }
+            .or_insert_with(|| broadcast::channel(BACKLOG).0);
+        // Each open subscription is one receiver of its organisation's channel.
+        if sender.receiver_count() >= max {
+            return None;
+        }
+        Some(Subscription {
+            receiver: sender.subscribe(),
+        })
     }
 
     /// Ends every subscription once it has read what it was sent; later ones end at once.
@@ -89,6 +101,12 @@ impl Events {
         hub.closed = true;
         hub.organisations.clear();
     }
+}
+
+/// A subscription that has ended already.
+fn closed() -> Subscription {
+    let (_, receiver) = broadcast::channel(1);
+    Subscription { receiver }
 }
 
 impl Subscription {
@@ -105,6 +123,22 @@ impl Subscription {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_organisation_holds_at_most_its_share_of_subscriptions() {
+        let events = Events::default();
+        let first = events.subscribe_within("acme", 2).unwrap();
+        let second = events.subscribe_within("acme", 2).unwrap();
+        assert!(events.subscribe_within("acme", 2).is_none());
+        assert!(
+            events.subscribe_within("globex", 2).is_some(),
+            "another organisation's share is its own"
+        );
+        drop(first);
+        let third = events.subscribe_within("acme", 2);
+        assert!(third.is_some(), "a closed stream frees its place");
+        drop((second, third));
+    }
 
     fn event(id: &str, status: Status) -> StatusEvent {
         StatusEvent {

@@ -12,7 +12,7 @@ use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use super::stream::ndjson_values;
 use super::types::{EventLine, StatusView};
-use super::{AppState, ErrorBody};
+use super::{ApiError, AppState, ErrorBody};
 use crate::auth::Principal;
 use crate::events::{Received, Subscription};
 use crate::model::now_rfc3339;
@@ -26,14 +26,23 @@ pub const HEARTBEAT: Duration = Duration::from_secs(15);
     responses(
         (status = 200, description = "NDJSON lines: an `EventLine`, `{\"heartbeat\": at}` or `{\"lagged\": N}`", body = EventLine, content_type = "application/x-ndjson"),
         (status = 401, description = "NRY-0011", body = ErrorBody),
+        (status = 429, description = "NRY-0070: the organisation holds `[organisation] max_event_streams` open streams", body = ErrorBody),
     ))]
-pub async fn events(State(state): State<AppState>, principal: Principal) -> Response {
+pub async fn events(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> Result<Response, ApiError> {
+    let max = state.config.organisation.max_event_streams;
     let subscription = state
         .environments
         .events()
-        .subscribe(&principal.organisation);
+        .subscribe_within(&principal.organisation, max)
+        .ok_or(ApiError::TooManyStreams { max })?;
     tracing::debug!("watching status changes");
-    ndjson_values(StatusCode::OK, lines(subscription, HEARTBEAT))
+    Ok(ndjson_values(
+        StatusCode::OK,
+        lines(subscription, HEARTBEAT),
+    ))
 }
 
 /// The lines of one subscription: its changes, what it missed, and a heartbeat every
