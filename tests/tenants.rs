@@ -113,3 +113,65 @@ async fn a_million_files_are_deleted_while_another_organisation_is_served() {
 }
 
 on_every_engine!(a_tree_100000_levels_deep_is_deleted_while_another_organisation_is_served);
+
+/// A second daemon on the same host, given the subnet a running one hands out, refuses to
+/// start and names what overlaps, instead of giving out the same addresses.
+async fn a_second_daemon_on_an_overlapping_subnet_refuses_to_start(backend: Backend) {
+    let Some(host) = Host::start_on(backend, "[pool]\nsize = 0\n").await else {
+        return;
+    };
+    let id = unique_id("first");
+    let _removal = host.removal(&id);
+    let made = create(&host.acme(), json!({ "id": id })).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", body(&made));
+    let second = tempfile::tempdir().unwrap();
+    let first_config = std::fs::read_to_string(&host.daemon.config_path).unwrap();
+    let subnet = first_config
+        .lines()
+        .find_map(|l| l.strip_prefix("subnet = "))
+        .expect("the test daemon's subnet")
+        .trim_matches('"')
+        .to_owned();
+    let config: String = first_config
+        .lines()
+        .map(|line| {
+            let key = line.split(" = ").next().unwrap_or_default();
+            match key {
+                "state_dir" => format!("state_dir = {:?}", second.path().join("state")),
+                "socket" => format!("socket = {:?}", second.path().join("narya.sock")),
+                "tcp" => format!("tcp = \"127.0.0.1:{}\"", support::free_port()),
+                _ => line.to_owned(),
+            }
+        })
+        .map(|line| line + "\n")
+        .collect();
+    let config_path = second.path().join("naryad.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let log_path = second.path().join("naryad.log");
+    let mut child = support::Daemon::spawn(&config_path, &log_path);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the second daemon did not refuse to start:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!("subnet {subnet} overlaps")),
+        "the refusal names the subnet and what overlaps it: {log}"
+    );
+    // The first daemon was not disturbed.
+    assert_eq!(body(&get(&host.acme(), &id).await)["status"], "ready");
+}
+
+on_every_engine!(a_second_daemon_on_an_overlapping_subnet_refuses_to_start);

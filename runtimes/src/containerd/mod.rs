@@ -89,6 +89,7 @@ impl Containerd {
             Some(network) => {
                 let isolation = Isolation::new(network)?;
                 isolation.check_reservations()?;
+                isolation.check_overlaps()?;
                 isolation.write_conflist()?;
                 Some(Arc::new(isolation))
             }

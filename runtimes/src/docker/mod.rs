@@ -65,9 +65,12 @@ impl Docker {
             images: Mutex::new(HashSet::new()),
             isolation: config
                 .network
-                .map(Isolation::new)
-                .transpose()?
-                .map(Arc::new),
+                .map(|network| {
+                    let isolation = Isolation::new(network)?;
+                    isolation.check_overlaps()?;
+                    Ok::<_, crate::RuntimeError>(Arc::new(isolation))
+                })
+                .transpose()?,
             network_ready: Mutex::new(false),
             profile_dir: config.profile_dir,
             seccomp_file: Mutex::new(None),

@@ -166,6 +166,18 @@ impl Isolation {
         ))
     }
 
+    /// The addresses `host-local` holds reserved for this daemon's machines.
+    pub(super) fn reserved_addresses(&self) -> std::collections::HashSet<std::net::Ipv4Addr> {
+        std::fs::read_dir(self.ipam_dir().join(self.cni_network())).map_or_else(
+            |_| std::collections::HashSet::new(),
+            |entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            },
+        )
+    }
+
     /// What the machines hold now: namespace files and address reservations.
     pub fn leftovers(&self) -> Leftovers {
         let count = |dir: PathBuf, keep: fn(&str) -> bool| {

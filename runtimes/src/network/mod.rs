@@ -11,6 +11,7 @@
 mod cni;
 mod firewall;
 pub(crate) mod netns;
+mod overlap;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
