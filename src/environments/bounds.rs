@@ -212,11 +212,7 @@ impl Environments {
             return true;
         }
         let known: std::collections::HashSet<String> = match self.store.summaries().await {
-            Ok(rows) => rows
-                .into_iter()
-                .filter(|r| r.deleted_at.is_none())
-                .map(|r| r.machine)
-                .collect(),
+            Ok(rows) => rows.into_iter().map(|r| r.machine).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the store to end earlier runs");
                 return false;

@@ -73,7 +73,7 @@ impl Environments {
     /// step they were in: nothing is provisioning them now, and nobody can say what they left.
     pub async fn mark_interrupted(&self) -> Result<(), crate::store::StoreError> {
         for row in self.store.summaries().await? {
-            let under_way = !row.setup_recorded && !row.has_setup && row.deleted_at.is_none();
+            let under_way = !row.setup_recorded && !row.has_setup;
             if under_way {
                 tracing::warn!(environment.id = %row.id, organisation = %row.organisation, "creation was interrupted by a daemon stop");
                 self.store
@@ -170,10 +170,7 @@ impl Environments {
         let rows = self.store.summaries().await.map_err(|e| e.to_string())?;
         let mut failed = None;
         for row in rows.iter().filter(|r| {
-            machines.contains(&r.machine)
-                && r.deleted_at.is_none()
-                && r.setup_recorded
-                && r.status != Status::Unusable
+            machines.contains(&r.machine) && r.setup_recorded && r.status != Status::Unusable
         }) {
             if let Err(e) = self.look_at(row).await {
                 failed = Some(e);
@@ -196,10 +193,8 @@ impl Environments {
             }
             Err(e) => return Err(e.to_string()),
         }
-        let rows: Vec<_> = (self.store.summaries().await.map_err(|e| e.to_string())?)
-            .into_iter()
-            .filter(|r| r.deleted_at.is_none())
-            .collect();
+        // Deleted environments are not among them: nothing of theirs is left to judge.
+        let rows = self.store.summaries().await.map_err(|e| e.to_string())?;
         let machines = match self.runtime.list().await {
             Ok(machines) => machines,
             Err(e) if e.kind() == ErrorKind::Unavailable => {

@@ -75,7 +75,7 @@ pub struct EnvironmentRecord {
     pub machine: String,
 }
 
-/// What the reconciler and the sweeps read of every row: who, which machine, how it stands;
+/// What the reconciler and the sweeps read of every row not deleted: who, which machine, how it stands;
 /// never the script or the output, so a pass over many rows costs little whatever they hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EnvironmentSummary {
@@ -87,7 +87,6 @@ pub struct EnvironmentSummary {
     pub setup_recorded: bool,
     /// Whether a setup (or clone) outcome is recorded.
     pub has_setup: bool,
-    pub deleted_at: Option<i64>,
 }
 
 /// The database, and the events every status it writes is published to: statuses are written
@@ -301,9 +300,11 @@ impl Store {
         row.as_ref().map(record_from_row).transpose()
     }
 
-    /// Every environment of `organisation`, ordered by id.
+    /// Every environment of `organisation`, ordered by id, without their setup scripts (never
+    /// shown, up to 64 KiB each).
     pub async fn list(&self, organisation: &str) -> Result<Vec<EnvironmentRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM environments WHERE organisation = ? ORDER BY id");
+        let columns = COLUMNS.replace("setup_script", "NULL AS setup_script");
+        let sql = format!("SELECT {columns} FROM environments WHERE organisation = ? ORDER BY id");
         let rows = sqlx::query(&sql)
             .bind(organisation)
             .fetch_all(&self.pool)
@@ -311,29 +312,31 @@ impl Store {
         rows.iter().map(record_from_row).collect()
     }
 
-    /// Every environment on this host, of every organisation, summarised: for the reconciler
-    /// and the sweeps only, which compare them with the runtime and never show them to anyone.
+    /// Every environment on this host that is not deleted, of every organisation, summarised:
+    /// for the reconciler and the sweeps only, which compare them with the runtime and never
+    /// show them to anyone. Read a row at a time, so a pass costs the summaries alone, however
+    /// many deleted rows wait for their retention and whatever the rows hold.
     pub async fn summaries(&self) -> Result<Vec<EnvironmentSummary>, StoreError> {
-        let rows = sqlx::query(
+        use futures_util::TryStreamExt;
+        let mut rows = sqlx::query(
             "SELECT id, organisation, machine, status, status_detail, setup_recorded, \
-             setup_state IS NOT NULL AS has_setup, deleted_at FROM environments ORDER BY id",
+             setup_state IS NOT NULL AS has_setup FROM environments \
+             WHERE deleted_at IS NULL ORDER BY id",
         )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(EnvironmentSummary {
-                    id: parsed(row, "id")?,
-                    organisation: row.try_get("organisation")?,
-                    machine: row.try_get("machine")?,
-                    status: parsed(row, "status")?,
-                    status_detail: row.try_get("status_detail")?,
-                    setup_recorded: row.try_get("setup_recorded")?,
-                    has_setup: row.try_get("has_setup")?,
-                    deleted_at: row.try_get("deleted_at")?,
-                })
-            })
-            .collect()
+        .fetch(&self.pool);
+        let mut summaries = Vec::new();
+        while let Some(row) = rows.try_next().await? {
+            summaries.push(EnvironmentSummary {
+                id: parsed(&row, "id")?,
+                organisation: row.try_get("organisation")?,
+                machine: row.try_get("machine")?,
+                status: parsed(&row, "status")?,
+                status_detail: row.try_get("status_detail")?,
+                setup_recorded: row.try_get("setup_recorded")?,
+                has_setup: row.try_get("has_setup")?,
+            });
+        }
+        Ok(summaries)
     }
 
     /// Sets an environment's status and detail, nothing else, if either changes.

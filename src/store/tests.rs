@@ -105,14 +105,17 @@ async fn an_id_is_unique_on_the_host() {
 }
 
 #[tokio::test]
-async fn summaries_carry_no_script_and_no_output() {
+async fn summaries_carry_no_script_no_output_and_no_deleted_row() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
     let mut row = record("demo", "acme");
     row.setup_script = Some("x".repeat(65536));
     store.insert(&row).await.unwrap();
+    let mut deleted = record("old", "acme");
+    deleted.deleted_at = Some(1);
+    store.insert(&deleted).await.unwrap();
     let summaries = store.summaries().await.unwrap();
-    assert_eq!(summaries.len(), 1);
+    assert_eq!(summaries.len(), 1, "deleted rows are left out");
     let summary = &summaries[0];
     assert_eq!(
         (

@@ -205,6 +205,11 @@ impl Daemon {
         [("unix", self.unix(token)), ("tcp", self.tcp(token))]
     }
 
+    /// The daemon process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the daemon with SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
