@@ -163,7 +163,7 @@ async fn io_uring_is_refused(c: &Context<'_>) -> Result<(), Outcome> {
     let out = c
         .sh(
             &id,
-            "perl -e 'my $p = \"\\0\" x 120; my $r = syscall(425, 8, $p); printf \"ring=%d errno=%d\\n\", $r, $!+0'",
+            "perl -e 'my $p = \"\\0\" x 120; my $r = syscall(425, 8, $p); printf \"ring=%d\\nerrno=%d\\n\", $r, $!+0'",
         )
         .await?;
     let seen = values(&text(&out));
