@@ -164,9 +164,9 @@ mod tests {
             new: true,
             differs: Differs::default(),
             events: Some(receiver),
-            outcome: Outcome::Running(tokio::spawn(async move {
-                Err(EnvironmentError::NotFound(id))
-            })),
+            outcome: Outcome::Running(tokio::spawn(
+                async move { Err(EnvironmentError::NotFound(id)) },
+            )),
             fell_behind: None,
         };
         // The reader stopped; the create went on writing.
@@ -175,7 +175,11 @@ mod tests {
         }
         assert_eq!(stream.next().await, None, "let go, not fed what is left");
         assert_eq!(stream.fell_behind(), Some(3));
-        assert_eq!(events.receiver_count(), 0, "nothing is kept for it any more");
+        assert_eq!(
+            events.receiver_count(),
+            0,
+            "nothing is kept for it any more"
+        );
         assert_eq!(stream.next().await, None);
     }
 }
