@@ -84,32 +84,30 @@ async fn delete_while_another_is_served(host: &Host, id: &str) -> Duration {
     slowest
 }
 
-async fn a_tree_100000_levels_deep_is_deleted_while_another_organisation_is_served(
-    backend: Backend,
-) {
+/// Makes an environment on `backend` whose user fills its workspace with what `perl` makes,
+/// then deletes it while another organisation is served.
+async fn filled_then_deleted(backend: Backend, name: &str, perl: &str, says: &str) {
     let Some(host) = Host::start_on(backend, "[pool]\nsize = 0\n").await else {
         return;
     };
-    let id = unique_id("deep");
+    let id = unique_id(name);
     let _removal = host.removal(&id);
     let made = create(&host.acme(), json!({ "id": id })).await;
     assert_eq!(made.status, StatusCode::CREATED, "{:?}", body(&made));
-    fill(&host, &id, DEEP, "deep").await;
+    fill(&host, &id, perl, says).await;
     delete_while_another_is_served(&host, &id).await;
+}
+
+async fn a_tree_100000_levels_deep_is_deleted_while_another_organisation_is_served(
+    backend: Backend,
+) {
+    filled_then_deleted(backend, "deep", DEEP, "deep").await;
 }
 
 /// A million files: the mechanism does not depend on the engine, so one engine pays for it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_million_files_are_deleted_while_another_organisation_is_served() {
-    let Some(host) = Host::start_on(Backend::Containerd, "[pool]\nsize = 0\n").await else {
-        return;
-    };
-    let id = unique_id("wide");
-    let _removal = host.removal(&id);
-    let made = create(&host.acme(), json!({ "id": id })).await;
-    assert_eq!(made.status, StatusCode::CREATED, "{:?}", body(&made));
-    fill(&host, &id, WIDE, "wide").await;
-    delete_while_another_is_served(&host, &id).await;
+    filled_then_deleted(Backend::Containerd, "wide", WIDE, "wide").await;
 }
 
 on_every_engine!(a_tree_100000_levels_deep_is_deleted_while_another_organisation_is_served);
