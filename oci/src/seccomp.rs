@@ -26,6 +26,10 @@ const ENOSYS: u32 = 38;
 /// The `personality` domains Docker allows: Linux, and the same with `UNAME26`,
 /// `ADDR_NO_RANDOMIZE` or both, and the query.
 const PERSONALITIES: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xFFFF_FFFF];
+/// The btrfs ioctls that take a 4 KiB name (`_IOW(0x94, 1..=24, struct btrfs_ioctl_vol_args)`
+/// and its v2): making subvolumes and snapshots (which would leave a workspace's tree in
+/// pieces its removal cannot walk), adding and removing devices. Every other ioctl is allowed.
+const BTRFS_VOL_IOCTLS: (u64, u64) = (0x5000_9401, 0x5000_9418);
 
 /// Allowed with any arguments.
 #[rustfmt::skip]
@@ -46,7 +50,7 @@ const ALLOWED: &[&str] = &[
     "getppid", "getpriority", "getrandom", "getresgid", "getresgid32", "getresuid", "getresuid32",
     "getrlimit", "get_robust_list", "getrusage", "getsid", "getsockname", "getsockopt",
     "get_thread_area", "gettid", "gettimeofday", "getuid", "getuid32", "getxattr",
-    "inotify_add_watch", "inotify_init", "inotify_init1", "inotify_rm_watch", "io_cancel", "ioctl",
+    "inotify_add_watch", "inotify_init", "inotify_init1", "inotify_rm_watch", "io_cancel",
     "io_destroy", "io_getevents", "io_pgetevents", "io_pgetevents_time64", "ioprio_get",
     "ioprio_set", "io_setup", "io_submit", "ipc", "kill", "landlock_add_rule", "landlock_create_ruleset", "landlock_restrict_self",
     "lchown", "lchown32", "lgetxattr", "link", "linkat", "listen", "listxattr", "llistxattr",
@@ -120,9 +124,13 @@ fn allowed_when(
 
 /// The filter, as the `linux.seccomp` of a runtime spec (and, serialised, a Docker profile).
 pub fn default_profile() -> LinuxSeccomp {
-    use LinuxSeccompOperator::{ScmpCmpEq, ScmpCmpMaskedEq, ScmpCmpNe};
+    use LinuxSeccompOperator::{ScmpCmpEq, ScmpCmpGt, ScmpCmpLt, ScmpCmpMaskedEq, ScmpCmpNe};
     let mut syscalls = vec![rule(ALLOWED, LinuxSeccompAction::ScmpActAllow)];
     syscalls.push(allowed_when("socket", 0, ScmpCmpNe, AF_VSOCK, None));
+    // ioctl(fd, request, …) with any request below or above the btrfs range.
+    let (first, last) = BTRFS_VOL_IOCTLS;
+    syscalls.push(allowed_when("ioctl", 1, ScmpCmpLt, first, None));
+    syscalls.push(allowed_when("ioctl", 1, ScmpCmpGt, last, None));
     for persona in PERSONALITIES {
         syscalls.push(allowed_when("personality", 0, ScmpCmpEq, persona, None));
     }
@@ -207,5 +215,47 @@ mod tests {
         assert_eq!(arg.value_two(), Some(0));
         let json = serde_json::to_value(&profile).expect("serialisable");
         assert_eq!(json["defaultAction"], "SCMP_ACT_ERRNO");
+    }
+
+    #[test]
+    fn ioctl_is_allowed_but_for_the_btrfs_requests_that_make_subvolumes() {
+        let profile = default_profile();
+        assert!(
+            !names(&profile).iter().any(|n| n == "ioctl"),
+            "not unconditionally"
+        );
+        let rules: Vec<_> = profile
+            .syscalls()
+            .iter()
+            .flatten()
+            .filter(|s| s.names() == &["ioctl".to_owned()])
+            .filter_map(|s| s.args().as_ref().and_then(|a| a.first()).copied())
+            .collect();
+        // A request passes when some rule lets it (the rules are alternatives).
+        let passes = |request: u64| {
+            rules.iter().any(|arg| {
+                assert_eq!(arg.index(), 1);
+                match arg.op() {
+                    LinuxSeccompOperator::ScmpCmpLt => request < arg.value(),
+                    LinuxSeccompOperator::ScmpCmpGt => request > arg.value(),
+                    other => panic!("unexpected {other:?}"),
+                }
+            })
+        };
+        // BTRFS_IOC_SNAP_CREATE, SUBVOL_CREATE, SNAP_CREATE_V2, SUBVOL_CREATE_V2.
+        for refused in [0x5000_9401, 0x5000_940e, 0x5000_9417, 0x5000_9418] {
+            assert!(!passes(refused), "{refused:#x}");
+        }
+        // TCGETS, FIONREAD, TIOCGWINSZ, FICLONE, FS_IOC_GETFLAGS, a sign-extended request.
+        for allowed in [
+            0x5401,
+            0x541b,
+            0x5413,
+            0x4004_9409,
+            0x8008_6601,
+            0xffff_ffff_8004_5430,
+        ] {
+            assert!(passes(allowed), "{allowed:#x}");
+        }
     }
 }
