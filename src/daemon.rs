@@ -59,6 +59,8 @@ pub enum DaemonError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("[limits] disk cannot be enforced: {0}; or write `disk = \"unbounded\"` under [limits] to run without a bound")]
+    Disk(String),
     #[error("cannot wait for shutdown signals: {0}")]
     Signals(std::io::Error),
     #[error("serving failed: {0}")]
@@ -203,6 +205,54 @@ impl ShutdownSignals {
     }
 }
 
+/// The bound of each environment's disk, once this host is seen to enforce it: project quotas
+/// on the workspaces' filesystem and on the one the runtime keeps writable layers on (asked
+/// when the runtime answers; otherwise each create finds out). `None`: unbounded, as the
+/// configuration says in so many words (warned at every start).
+async fn disk_bound(
+    config: &Config,
+    runtime: &dyn narya_runtimes::Runtime,
+    runtime_answers: bool,
+) -> Result<Option<Arc<crate::disk::Quotas>>, DaemonError> {
+    let Some(bytes) = config.limits.disk.bytes() else {
+        tracing::warn!("[limits] disk = \"unbounded\": one environment can fill the host's disk, and with it the database and every other environment");
+        return Ok(None);
+    };
+    let workspaces = config.workspaces_dir();
+    std::fs::create_dir_all(&workspaces)
+        .map_err(|e| DaemonError::Disk(format!("cannot make {}: {e}", workspaces.display())))?;
+    narya_runtimes::disk::check_enforced(&workspaces).map_err(DaemonError::Disk)?;
+    if runtime_answers {
+        if let Some(layers) = runtime.layers_dir().await? {
+            narya_runtimes::disk::check_enforced(&layers).map_err(|e| {
+                DaemonError::Disk(format!(
+                    "the {} runtime's writable layers: {e}",
+                    runtime.name()
+                ))
+            })?;
+            match narya_runtimes::disk::same_filesystem(&workspaces, &layers) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(DaemonError::Disk(format!(
+                        "the {} runtime keeps writable layers in {}, on another filesystem than \
+                         the workspaces ({}): one quota cannot count both; put state_dir on \
+                         the runtime's filesystem",
+                        runtime.name(),
+                        layers.display(),
+                        workspaces.display()
+                    )))
+                }
+                Err(e) => return Err(DaemonError::Disk(format!("{}: {e}", layers.display()))),
+            }
+        }
+    }
+    tracing::info!(
+        bytes,
+        "each environment's disk is bounded by a btrfs quota group"
+    );
+    Ok(Some(Arc::new(crate::disk::Quotas::new(bytes))))
+}
+
 /// Binds TCP `addr`, when one is configured.
 async fn bind_tcp(addr: Option<std::net::SocketAddr>) -> Result<Option<TcpListener>, DaemonError> {
     let Some(addr) = addr else {
@@ -251,6 +301,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         Err(e) => return Err(e.into()),
     };
+    let quotas = disk_bound(&config, runtime.as_ref(), runtime_answers).await?;
     let readiness_runtime = runtime.clone();
     // A [github] section whose key is unusable is found at start-up, not at the first clone.
     let github = match &config.github {
@@ -258,15 +309,17 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         None => None,
     };
     let organisations = Arc::new(Organisations::new(store.clone(), github));
-    let environments = Arc::new(
-        Environments::new(
-            store.clone(),
-            runtime.clone(),
-            config.clone(),
-            organisations.clone(),
-        )
-        .with_metrics(metrics.clone()),
-    );
+    let mut environments = Environments::new(
+        store.clone(),
+        runtime.clone(),
+        config.clone(),
+        organisations.clone(),
+    )
+    .with_metrics(metrics.clone());
+    if let Some(quotas) = quotas {
+        environments = environments.with_disk_bound(quotas);
+    }
+    let environments = Arc::new(environments);
     environments.mark_interrupted().await?;
     // Clones a previous daemon died during leave their throwaways: removed before serving.
     environments.sweep_throwaways().await;

@@ -1,13 +1,46 @@
 //! The host's disk as the daemon sees it: the free space on the filesystem that holds the
-//! state directory (the database, the workspaces), which creates must leave room on.
+//! state directory (the database, the workspaces), which creates must leave room on; and the
+//! per-environment bound (`[limits] disk`), a btrfs quota group given to each workspace.
 
 use std::path::Path;
+
+use narya_runtimes::disk;
 
 /// Bytes an unprivileged writer could still write on the filesystem holding `path` (the
 /// `statvfs` `f_bavail`: what is left past the root-reserved blocks).
 pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     let stat = nix::sys::statvfs::statvfs(path)?;
     Ok(stat.blocks_available().saturating_mul(stat.fragment_size()))
+}
+
+/// Bounds each workspace to `[limits] disk`: a workspace is made a btrfs subvolume heading a
+/// quota group of its own, which its machine's writable layer joins (`narya_runtimes::disk`).
+#[derive(Debug)]
+pub struct Quotas {
+    bytes: u64,
+}
+
+impl Quotas {
+    pub fn new(bytes: u64) -> Quotas {
+        Quotas { bytes }
+    }
+
+    /// The bound each environment gets, in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Makes workspace directory `dir`, bounded; one that exists already (made before the
+    /// bound, or by an earlier attempt) is kept as it is.
+    pub fn make(&self, dir: &Path) -> std::io::Result<()> {
+        if dir.is_dir() {
+            return Ok(());
+        }
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        disk::make_bounded(dir, self.bytes).map(drop)
+    }
 }
 
 #[cfg(test)]

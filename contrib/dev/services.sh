@@ -5,6 +5,9 @@
 #   registry    http://$NARYA_REGISTRY                  (Debian's docker-registry, distribution 2.8)
 #   podman      unix://$NARYA_RUN_DIR/podman.sock       (Podman's Docker-compatible service; its
 #               own storage under $NARYA_DATA_DIR/podman, its own registries.conf)
+# $NARYA_DATA_DIR is first mounted from a btrfs image with simple quotas on ($NARYA_DISK_IMAGE,
+# sparse, kept between runs), so that `[limits] disk` can bound what environments write to the
+# runtimes' writable layers and to workspaces under $NARYA_DATA_DIR/tests (tests' state dirs).
 # Each is started only if it is not answering already. Needs root and the Debian packages
 # containerd, runc, docker.io, docker-registry and podman (contrib/dev/setup.sh or .ci/run
 # install them).
@@ -21,6 +24,8 @@ DOCKER_SOCK=$NARYA_RUN_DIR/docker.sock
 PODMAN_SOCK=$NARYA_RUN_DIR/podman.sock
 PODMAN_CONF=$NARYA_RUN_DIR/podman
 LOG_DIR=$NARYA_RUN_DIR/logs
+NARYA_DISK_IMAGE=${NARYA_DISK_IMAGE:-/var/tmp/narya-test-disk.btrfs}
+NARYA_DISK_SIZE=${NARYA_DISK_SIZE:-64G}
 
 failures=0
 fail() {
@@ -50,6 +55,46 @@ podman_env() {
   export CONTAINERS_CONF=$PODMAN_CONF/containers.conf
 }
 
+# Whether $NARYA_DATA_DIR is a btrfs mount with quotas on.
+data_has_quotas() {
+  [ "$(findmnt -n -o FSTYPE --mountpoint "$NARYA_DATA_DIR")" = btrfs ] || return 1
+  local uuid; uuid=$(findmnt -n -o UUID --mountpoint "$NARYA_DATA_DIR")
+  [ "$(cat "/sys/fs/btrfs/$uuid/qgroups/enabled" 2>/dev/null)" = 1 ]
+}
+
+# Turns simple quotas on for the btrfs filesystem mounted at $1 (`btrfs quota enable --simple`
+# needs btrfs-progs 6.7; bookworm has 6.2, so the ioctl is made here: BTRFS_IOC_QUOTA_CTL with
+# BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA).
+enable_simple_quotas() {
+  python3 - "$1" <<'PY'
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.ioctl(fd, (3 << 30) | (16 << 16) | (0x94 << 8) | 40, struct.pack("QQ", 4, 0))
+PY
+}
+
+# Mounts $NARYA_DATA_DIR from a btrfs image with simple quotas on, made once (sparse: it takes
+# only what is written). Before any runtime starts: their storage lives there.
+mount_data() {
+  if data_has_quotas; then echo "data: $NARYA_DATA_DIR already has quotas"; return; fi
+  command -v mkfs.btrfs >/dev/null || { fail "mkfs.btrfs is missing (apt-get install btrfs-progs)"; return; }
+  if ! blkid -p -s TYPE -o value "$NARYA_DISK_IMAGE" 2>/dev/null | grep -qx btrfs; then
+    rm -f "$NARYA_DISK_IMAGE"
+    truncate -s "$NARYA_DISK_SIZE" "$NARYA_DISK_IMAGE" && mkfs.btrfs -q "$NARYA_DISK_IMAGE" >/dev/null \
+      || { fail "cannot make the btrfs image $NARYA_DISK_IMAGE"; return; }
+  fi
+  mkdir -p "$NARYA_DATA_DIR"
+  if ! findmnt -n --mountpoint "$NARYA_DATA_DIR" >/dev/null; then
+    mount -o loop "$NARYA_DISK_IMAGE" "$NARYA_DATA_DIR" \
+      || { fail "cannot mount $NARYA_DISK_IMAGE at $NARYA_DATA_DIR"; return; }
+  fi
+  if data_has_quotas || enable_simple_quotas "$NARYA_DATA_DIR"; then
+    echo "data: $NARYA_DATA_DIR mounted from $NARYA_DISK_IMAGE (btrfs, simple quotas)"
+  else
+    fail "cannot turn quotas on for $NARYA_DATA_DIR"
+  fi
+}
+
 start_containerd() {
   if containerd_up >/dev/null 2>&1; then echo "containerd: already answering on $CONTAINERD_SOCK"; return; fi
   command -v containerd >/dev/null || { fail "containerd is not installed (apt-get install containerd runc)"; return; }
@@ -76,7 +121,7 @@ start_dockerd() {
   rm -f "$DOCKER_SOCK"
   setsid dockerd --data-root "$NARYA_DATA_DIR/docker" --exec-root "$NARYA_RUN_DIR/docker-exec" \
     -H "unix://$DOCKER_SOCK" --pidfile "$NARYA_RUN_DIR/docker.pid" \
-    --bridge=none \
+    --bridge=none --storage-driver overlay2 \
     >"$LOG_DIR/dockerd.log" 2>&1 < /dev/null &
   if wait_for 60 docker_up; then
     echo "dockerd: answering on $DOCKER_SOCK"
@@ -171,6 +216,8 @@ stop_pidfile() {
 case "${1:-start}" in
   start)
     mkdir -p "$NARYA_RUN_DIR" "$LOG_DIR"
+    mount_data
+    mkdir -p "$NARYA_DATA_DIR/tests"
     start_containerd
     start_dockerd
     start_registry
@@ -190,6 +237,8 @@ case "${1:-start}" in
     echo "export NARYA_RUN_DIR=$NARYA_RUN_DIR"
     echo "export NARYA_DATA_DIR=$NARYA_DATA_DIR"
     echo "export NARYA_TEST_PODMAN_SOCKET=$PODMAN_SOCK"
+    # Tests' state directories go here: the filesystem the runtimes' layers are on, with quotas.
+    echo "export NARYA_TEST_STATE_ROOT=$NARYA_DATA_DIR/tests"
     exit 0
     ;;
   *)

@@ -20,7 +20,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   protobuf-compiler containerd runc docker.io docker-registry mmdebstrap skopeo \
-  podman openssl ca-certificates curl git iproute2 iptables containernetworking-plugins >/dev/null
+  podman openssl ca-certificates curl git iproute2 iptables containernetworking-plugins btrfs-progs >/dev/null
 
 echo "== services"
 contrib/dev/services.sh start
@@ -50,6 +50,10 @@ if [ ! -f "$CONFIG" ]; then
   mkdir -p "$(dirname "$CONFIG")"
   cat > "$CONFIG" <<TOML
 # Development host configuration written by contrib/dev/setup.sh; every other key has its default.
+# The state (workspaces) shares the runtimes' XFS filesystem with project quotas, so that
+# [limits] disk bounds each environment (services.sh mounts it).
+state_dir = "$NARYA_DATA_DIR/naryad"
+
 [identity]
 issuer = "narya-dev"
 audience = "narya"

@@ -13,6 +13,7 @@ use narya_oci::{Digest, ImageReference};
 
 pub mod conformance;
 pub mod containerd;
+pub mod disk;
 pub mod docker;
 pub mod fetch;
 pub mod host;
@@ -320,6 +321,12 @@ pub trait Runtime: Send + Sync {
     /// The runtime's version, which also proves it answers. Errors: `Unavailable` when it does
     /// not answer; `Other` when it answers but is too old to be used.
     async fn version(&self) -> Result<String>;
+
+    /// The host directory under which the runtime keeps machines' writable layers, where it
+    /// knows one: the disk bound ([`disk`]) needs project quotas on its filesystem.
+    async fn layers_dir(&self) -> Result<Option<std::path::PathBuf>> {
+        Ok(None)
+    }
 
     /// Resolves `source` to a manifest digest (unless pinned) and makes exactly that digest
     /// available locally, verified against its digests. Idempotent and safe to race.

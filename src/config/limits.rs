@@ -26,6 +26,12 @@ impl Config {
                 limits.tmp, limits.memory
             ));
         }
+        // Below this the clone of a small repository and a shell's history would not fit.
+        if limits.disk.bytes().is_some_and(|bytes| bytes < 16 << 20) {
+            return Err(
+                "key `limits.disk` must be at least \"16MiB\" (or \"unbounded\")".to_owned(),
+            );
+        }
         if limits.nofile.is_some_and(|n| n < 64) {
             return Err("key `limits.nofile` must be at least 64".to_owned());
         }
@@ -78,6 +84,21 @@ mod tests {
         assert_eq!(limits.pids, 4096);
         assert_eq!(limits.nofile, 65536);
         assert_eq!(limits.cpus, 2.0);
+        let c = with("").unwrap();
+        assert_eq!(c.limits.disk, super::super::DiskLimit::Bytes(10 << 30));
+    }
+
+    #[test]
+    fn the_disk_is_a_size_or_unbounded_only_when_written() {
+        use super::super::DiskLimit;
+        let c = with("[limits]\ndisk = \"64MiB\"\n").unwrap();
+        assert_eq!(c.limits.disk, DiskLimit::Bytes(64 << 20));
+        let c = with("[limits]\ndisk = \"unbounded\"\n").unwrap();
+        assert_eq!(c.limits.disk, DiskLimit::Unbounded);
+        for bad in ["\"10GB\"", "\"none\"", "\"1MiB\"", "0"] {
+            let err = with(&format!("[limits]\ndisk = {bad}\n")).unwrap_err();
+            assert!(err.contains("disk"), "{bad}: {err}");
+        }
     }
 
     #[test]
@@ -103,6 +124,7 @@ mod tests {
             ("[limits]\ncpus = 0.0\n", "limits.cpus"),
             ("[limits]\npids = 2\n", "limits.pids"),
             ("[limits]\nnofile = 3\n", "limits.nofile"),
+            ("[limits]\ndisk = \"1MiB\"\n", "limits.disk"),
             ("[limits]\nmemory = \"4GB\"\n", "memory"),
             ("[limits]\nswap = \"1GiB\"\n", "swap"),
             ("[environment]\nuser = \"0:0\"\n", "environment.user"),

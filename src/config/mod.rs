@@ -15,7 +15,7 @@ pub use sections::{
     MAX_POOL_SIZE,
 };
 pub use values::{
-    is_plain_http_off_loopback, parse_bytes, parse_duration, parse_user, HumanDuration,
+    is_plain_http_off_loopback, parse_bytes, parse_duration, parse_user, DiskLimit, HumanDuration,
 };
 
 /// Where `naryad` looks when neither `--config` nor `NARYA_CONFIG` is given.

@@ -10,7 +10,7 @@ use narya_runtimes::network::Subnet;
 use narya_runtimes::{Limits, Network, User};
 use serde::Deserialize;
 
-use super::values::{bytes, from_str, network, user, HumanDuration};
+use super::values::{bytes, from_str, network, user, DiskLimit, HumanDuration};
 use super::DEFAULT_SOCKET;
 
 /// `[pool]`: machines started ahead of creates.
@@ -254,6 +254,9 @@ pub struct LimitsConfig {
     /// the host grants ([`super::Config::fit_to_host`]); a value the file gives is kept or refused.
     #[serde(default)]
     pub nofile: Option<u64>,
+    /// What an environment may write to the host's disk (workspace, writable layer, clone).
+    #[serde(default = "default_disk")]
+    pub disk: DiskLimit,
 }
 
 impl LimitsConfig {
@@ -277,6 +280,7 @@ impl Default for LimitsConfig {
             pids: default_pids(),
             tmp: default_tmp(),
             nofile: None,
+            disk: default_disk(),
         }
     }
 }
@@ -292,6 +296,12 @@ fn default_pids() -> u32 {
 }
 fn default_tmp() -> u64 {
     Limits::default().tmp
+}
+/// The contract's default bound of an environment's disk.
+pub const DEFAULT_DISK: u64 = 10 << 30;
+
+fn default_disk() -> DiskLimit {
+    DiskLimit::Bytes(DEFAULT_DISK)
 }
 fn default_nofile() -> u64 {
     Limits::default().nofile

@@ -127,3 +127,32 @@ pub(super) fn bytes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D
     let text = String::deserialize(deserializer)?;
     parse_bytes(&text).map_err(serde::de::Error::custom)
 }
+
+/// `[limits] disk`: a size, or no bound at all (only when the file says so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskLimit {
+    Bytes(u64),
+    Unbounded,
+}
+
+impl DiskLimit {
+    /// The bound in bytes; `None`: unbounded.
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            DiskLimit::Bytes(bytes) => Some(bytes),
+            DiskLimit::Unbounded => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DiskLimit {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.trim() == "unbounded" {
+            return Ok(DiskLimit::Unbounded);
+        }
+        parse_bytes(&text)
+            .map(DiskLimit::Bytes)
+            .map_err(|e| serde::de::Error::custom(format!("{e}, or \"unbounded\"")))
+    }
+}

@@ -80,6 +80,8 @@ pub struct Environments {
     pool: pool::Pool,
     /// Where removed workspaces go, to be removed off the API's and reconciler's way.
     trash: tree::Trash,
+    /// The bound of each workspace and writable layer (`[limits] disk`); `None`: unbounded.
+    quotas: Option<Arc<crate::disk::Quotas>>,
     metrics: Metrics,
 }
 
@@ -101,7 +103,15 @@ impl Environments {
             locks: locks::Locks::default(),
             tasks: TaskTracker::new(),
             metrics: Metrics::default(),
+            quotas: None,
         }
+    }
+
+    /// Bounds every workspace made from now on (and the writable layer of its machine) with
+    /// `quotas`.
+    pub fn with_disk_bound(mut self, quotas: Arc<crate::disk::Quotas>) -> Environments {
+        self.quotas = Some(quotas);
+        self
     }
 
     /// Counts what happens into `metrics` (by default, into a handle nobody reads).
@@ -200,7 +210,7 @@ impl Environments {
             if fresh {
                 self.trash.discard(&dir)?;
             }
-            std::fs::create_dir_all(&dir)?;
+            self.make_workspace_dir(&dir)?;
             self.make_users_own(&dir)
         };
         prepare().map_err(|source| EnvironmentError::Workspace {
@@ -208,6 +218,15 @@ impl Environments {
             source,
         })?;
         Ok(dir)
+    }
+
+    /// Makes workspace directory `dir` (and its parents), bounded to `[limits] disk` when the
+    /// disk is bounded; one that exists is kept.
+    fn make_workspace_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        match &self.quotas {
+            Some(quotas) => quotas.make(dir),
+            None => std::fs::create_dir_all(dir),
+        }
     }
 
     /// Gives workspace directory `dir` to the environments' user, readable by nobody else (but

@@ -39,6 +39,10 @@ impl Runtime for Metered {
         self.counted(self.inner.version().await)
     }
 
+    async fn layers_dir(&self) -> Result<Option<std::path::PathBuf>> {
+        self.counted(self.inner.layers_dir().await)
+    }
+
     async fn ensure_image(&self, source: &ImageSource) -> Result<PinnedImage> {
         self.counted(self.inner.ensure_image(source).await)
     }

@@ -108,12 +108,34 @@ pub fn merged_toml(base: &str, extra: &str) -> String {
 /// machines; the contract's default of 65536 is refused there), the rest small enough that a
 /// test going past them does not strain a shared host. And no pool, so that every test counts
 /// only the machines it made; a test that wants one sets `[pool] size` (laid over this).
-pub const LIMITS: &str = "\n[limits]\nmemory = \"1GiB\"\ncpus = 1.0\npids = 1024\ntmp = \"64MiB\"\nnofile = 1024\n\n[pool]\nsize = 0\n";
+/// The disk is unbounded here: these daemons' state directories may be anywhere; a daemon
+/// [`Daemon::start`] puts on the quota filesystem ([`state_root`]) gets [`DISK`] instead.
+pub const LIMITS: &str = "\n[limits]\nmemory = \"1GiB\"\ncpus = 1.0\npids = 1024\ntmp = \"64MiB\"\nnofile = 1024\ndisk = \"unbounded\"\n\n[pool]\nsize = 0\n";
+
+/// The disk bound of test daemons whose state is on the quota filesystem.
+pub const DISK: &str = "2GiB";
+
+/// Where tests' state directories go so that `[limits] disk` can bound them: the runtimes'
+/// btrfs filesystem with quotas (`contrib/dev/services.sh` mounts it, and names it in
+/// `NARYA_TEST_STATE_ROOT`); `None` where there is none (not root, no services).
+pub fn state_root() -> Option<PathBuf> {
+    let root = PathBuf::from(std::env::var_os("NARYA_TEST_STATE_ROOT")?);
+    narya_runtimes::disk::check_enforced(&root).ok()?;
+    Some(root)
+}
+
+/// A temporary directory for a daemon's state: on the quota filesystem when there is one.
+pub fn state_tempdir() -> tempfile::TempDir {
+    match state_root() {
+        Some(root) => tempfile::tempdir_in(root).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    }
+}
 
 impl Daemon {
     /// Starts `naryad` with an `[identity]` section (and anything else) given as TOML.
     pub fn start(identity_toml: &str) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = state_tempdir();
         let socket = dir.path().join("run/narya.sock");
         Daemon::start_at(dir, socket, identity_toml)
     }
@@ -123,12 +145,16 @@ impl Daemon {
         let config_path = dir.path().join("naryad.toml");
         let state_dir = dir.path().join("state");
         let network = network::TestNetwork::new(&state_dir);
-        let base = format!(
+        let bounded = narya_runtimes::disk::check_enforced(dir.path()).is_ok();
+        let mut base = format!(
             "state_dir = {state:?}\n\n[listen]\nsocket = {socket:?}\ntcp = {tcp:?}\n{net}{LIMITS}",
             state = state_dir.display().to_string(),
             socket = socket.display().to_string(),
             net = network.toml(),
         );
+        if bounded {
+            base = merged_toml(&base, &format!("[limits]\ndisk = {DISK:?}\n"));
+        }
         let config = merged_toml(&base, identity_toml);
         std::fs::write(&config_path, config).unwrap();
         let log_path = dir.path().join("naryad.log");

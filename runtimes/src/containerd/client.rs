@@ -9,6 +9,7 @@ use containerd_client::services::v1::content_client::ContentClient;
 use containerd_client::services::v1::diff_client::DiffClient;
 use containerd_client::services::v1::events_client::EventsClient;
 use containerd_client::services::v1::images_client::ImagesClient;
+use containerd_client::services::v1::introspection_client::IntrospectionClient;
 use containerd_client::services::v1::leases_client::LeasesClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::tasks_client::TasksClient;
@@ -82,6 +83,9 @@ impl Connection {
     }
     pub(crate) fn images(&self) -> ImagesClient<Channel> {
         ImagesClient::new(self.channel.clone())
+    }
+    pub(crate) fn introspection(&self) -> IntrospectionClient<Channel> {
+        IntrospectionClient::new(self.channel.clone())
     }
     pub(crate) fn leases(&self) -> LeasesClient<Channel> {
         LeasesClient::new(self.channel.clone())

@@ -482,14 +482,30 @@ impl Containerd {
                 labels: HashMap::new(),
             }))
             .await;
-        match prepared {
-            Ok(r) => Ok(r.into_inner().mounts),
+        let mounts = match prepared {
+            Ok(r) => r.into_inner().mounts,
             Err(e) => {
                 let e = classify(&format!("preparing the writable layer of {id}"), e);
                 self.delete_container(id).await;
-                Err(e)
+                return Err(e);
             }
+        };
+        // What the machine writes outside its workspace counts against the workspace's disk
+        // bound: the writable layer joins its project before anything runs.
+        let writable = crate::disk::overlay_writable_dirs(
+            mounts
+                .iter()
+                .flat_map(|m| m.options.iter().map(String::as_str)),
+        );
+        if let Err(e) = crate::disk::join_project(placement.workspace, &writable) {
+            self.delete_container(id).await;
+            return Err(RuntimeError::caused(
+                ErrorKind::Other,
+                format!("bounding the writable layer of {id} with its workspace's disk quota"),
+                e,
+            ));
         }
+        Ok(mounts)
     }
 
     pub(super) async fn delete_container(&self, id: &str) {

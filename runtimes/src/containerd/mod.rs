@@ -125,6 +125,26 @@ impl Runtime for Containerd {
         Ok(v.version)
     }
 
+    /// The snapshotter's root, as containerd's introspection exports it.
+    async fn layers_dir(&self) -> Result<Option<std::path::PathBuf>> {
+        let plugins = self
+            .conn
+            .introspection()
+            .plugins(containerd_client::services::v1::PluginsRequest {
+                filters: vec![format!(
+                    "type==io.containerd.snapshotter.v1,id=={}",
+                    self.snapshotter
+                )],
+            })
+            .await
+            .map_err(|e| classify("asking for the snapshotter's root", e))?
+            .into_inner()
+            .plugins;
+        Ok(plugins
+            .into_iter()
+            .find_map(|plugin| plugin.exports.get("root").map(std::path::PathBuf::from)))
+    }
+
     async fn ensure_image(&self, source: &ImageSource) -> Result<PinnedImage> {
         self.pinning.ensure(source, self, self.name()).await
     }

@@ -2,13 +2,13 @@
 //! for changes, started again and removed, with what machines and throwaways share.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::models::{
     ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig,
-    HostConfigCgroupnsModeEnum, Mount, MountTypeEnum, ResourcesUlimits, RestartPolicy,
-    RestartPolicyNameEnum,
+    HostConfigCgroupnsModeEnum, HostConfigLogConfig, Mount, MountTypeEnum, ResourcesUlimits,
+    RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
@@ -88,6 +88,12 @@ fn host_config(
         network_mode: Some(network_mode(network)),
         init: Some(false),
         cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
+        // Every output is read through exec attachments; what a machine writes to its init's
+        // own output would otherwise grow the engine's log file without bound.
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".to_owned()),
+            config: None,
+        }),
         ..bounded(limits)
     })
 }
@@ -229,6 +235,12 @@ impl Docker {
                 return Err(e);
             }
         };
+        if let Err(e) = self.bound_layer(client, &created, &spec.workspace).await {
+            if let Err(removal) = self.remove_container(client, &created).await {
+                tracing::warn!(machine = %spec.id, error = %removal, "could not remove a machine whose layer could not be bounded");
+            }
+            return Err(e);
+        }
         if let Err(e) = client
             .start_container(&created, None::<StartContainerOptions>)
             .await
@@ -240,6 +252,36 @@ impl Docker {
             return Err(e);
         }
         Ok(labels::running_machine(spec))
+    }
+
+    /// Puts the writable layer of the created (not yet started) container `container` in the
+    /// project of `workspace`, bounded like it, when the workspace has one: the engine's
+    /// overlay `UpperDir` and `WorkDir`, as its inspection names them on this host.
+    async fn bound_layer(&self, client: &Client, container: &str, workspace: &Path) -> Result<()> {
+        if crate::disk::group(workspace).ok().flatten().is_none() {
+            return Ok(());
+        }
+        let inspected = client
+            .inspect_container(container, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| classify(&format!("inspecting the layers of {container}"), e))?;
+        let data = inspected
+            .graph_driver
+            .map(|driver| driver.data)
+            .unwrap_or_default();
+        let writable: Vec<PathBuf> = ["UpperDir", "WorkDir"]
+            .iter()
+            .filter_map(|key| data.get(*key).map(PathBuf::from))
+            .collect();
+        crate::disk::join_project(workspace, &writable).map_err(|e| {
+            RuntimeError::caused(
+                ErrorKind::Other,
+                format!(
+                    "bounding the writable layer of {container} with its workspace's disk quota"
+                ),
+                e,
+            )
+        })
     }
 
     /// `Runtime::inspect`.

@@ -89,6 +89,16 @@ impl Runtime for Docker {
         self.engine.version().await
     }
 
+    /// The engine's root directory (`DockerRootDir`; Podman answers its graph root there).
+    async fn layers_dir(&self) -> Result<Option<std::path::PathBuf>> {
+        let client = self.engine.client().await?;
+        let info = client
+            .info()
+            .await
+            .map_err(|e| engine::classify("asking for the engine's root directory", e))?;
+        Ok(info.docker_root_dir.map(std::path::PathBuf::from))
+    }
+
     async fn ensure_image(&self, source: &ImageSource) -> Result<PinnedImage> {
         self.pinning.ensure(source, self, self.name()).await
     }

@@ -81,12 +81,13 @@ impl Pool {
         // The resolvers are fixed when a machine is made (Docker writes them into it), so a
         // change of them makes every pool machine stale too.
         let made_with = format!(
-            "{}|{}|{:?}|{:?}|{:?}",
+            "{}|{}|{:?}|{:?}|{:?}|{:?}",
             config.environment.user,
             config.environment.workspace,
             config.environment.network,
             config.limits.limits(),
             config.network.dns,
+            config.limits.disk,
         );
         let configuration = format!("{owner}-{}", hex(&Sha256::digest(made_with)[..8]));
         Pool {

@@ -76,7 +76,10 @@ impl Environments {
                 self.pool_dir(),
                 std::os::unix::fs::PermissionsExt::from_mode(0o700),
             )?;
-            std::fs::create_dir(&dir)?;
+            if dir.exists() {
+                return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+            }
+            self.make_workspace_dir(&dir)?;
             self.make_users_own(&dir)
         };
         prepare().map_err(|source| EnvironmentError::Workspace {
