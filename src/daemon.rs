@@ -221,31 +221,9 @@ async fn disk_bound(
     let workspaces = config.workspaces_dir();
     std::fs::create_dir_all(&workspaces)
         .map_err(|e| DaemonError::Disk(format!("cannot make {}: {e}", workspaces.display())))?;
-    narya_runtimes::disk::check_enforced(&workspaces).map_err(DaemonError::Disk)?;
-    if runtime_answers {
-        if let Some(layers) = runtime.layers_dir().await? {
-            narya_runtimes::disk::check_enforced(&layers).map_err(|e| {
-                DaemonError::Disk(format!(
-                    "the {} runtime's writable layers: {e}",
-                    runtime.name()
-                ))
-            })?;
-            match narya_runtimes::disk::same_filesystem(&workspaces, &layers) {
-                Ok(true) => {}
-                Ok(false) => {
-                    return Err(DaemonError::Disk(format!(
-                        "the {} runtime keeps writable layers in {}, on another filesystem than \
-                         the workspaces ({}): one quota cannot count both; put state_dir on \
-                         the runtime's filesystem",
-                        runtime.name(),
-                        layers.display(),
-                        workspaces.display()
-                    )))
-                }
-                Err(e) => return Err(DaemonError::Disk(format!("{}: {e}", layers.display()))),
-            }
-        }
-    }
+    crate::disk::check_bound(&workspaces, runtime_answers.then_some(runtime))
+        .await
+        .map_err(DaemonError::Disk)?;
     tracing::info!(
         bytes,
         "each environment's disk is bounded by a btrfs quota group"

@@ -43,6 +43,42 @@ impl Quotas {
     }
 }
 
+/// Whether `[limits] disk` can be held on this host: workspaces made in `workspaces` (or, when
+/// it does not exist yet, its nearest existing parent) and the writable layers of `runtime`
+/// (when it answers) on one btrfs filesystem with quotas on. Says what is missing otherwise.
+pub async fn check_bound(
+    workspaces: &Path,
+    runtime: Option<&dyn narya_runtimes::Runtime>,
+) -> Result<(), String> {
+    let existing = workspaces
+        .ancestors()
+        .find(|dir| dir.is_dir())
+        .unwrap_or(workspaces);
+    disk::check_enforced(existing)?;
+    let Some(runtime) = runtime else {
+        return Ok(());
+    };
+    let layers = match runtime.layers_dir().await {
+        Ok(Some(layers)) => layers,
+        Ok(None) => return Ok(()),
+        Err(e) => return Err(format!("the {} runtime's layers: {e}", runtime.name())),
+    };
+    disk::check_enforced(&layers)
+        .map_err(|e| format!("the {} runtime's writable layers: {e}", runtime.name()))?;
+    match disk::same_filesystem(existing, &layers) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!(
+            "the {} runtime keeps writable layers in {}, on another filesystem than the \
+             workspaces ({}): one quota cannot count both; put state_dir on the runtime's \
+             filesystem",
+            runtime.name(),
+            layers.display(),
+            workspaces.display()
+        )),
+        Err(e) => Err(format!("{}: {e}", layers.display())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

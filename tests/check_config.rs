@@ -230,3 +230,44 @@ async fn a_configuration_a_start_would_take_passes(backend: Backend) {
 }
 
 on_every_engine!(a_configuration_a_start_would_take_passes);
+
+/// A disk bound on a state directory whose filesystem has no quotas is a problem naming the
+/// key and the way out; with the state on the quota filesystem (and the runtime's layers on
+/// it too) it is held.
+#[tokio::test]
+async fn a_disk_bound_the_host_cannot_hold_is_a_problem_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let idp = IdentityProvider::start().await;
+    let key = make_key(dir.path(), "k", "P-256");
+    idp.publish(&key.dev);
+    let write = |state: &Path| {
+        let config = format!(
+            "state_dir = {state:?}\n[listen]\nsocket = {socket:?}\n{identity}\n{limits}",
+            state = state.display().to_string(),
+            socket = dir.path().join("run/narya.sock").display().to_string(),
+            identity = idp.identity_toml(""),
+            limits = LIMITS.replace("disk = \"unbounded\"", "disk = \"1GiB\""),
+        );
+        let path = dir.path().join("naryad.toml");
+        std::fs::write(&path, config).unwrap();
+        path
+    };
+    let checked = check_config(&write(&dir.path().join("state"))).await;
+    let problems = checked.problems();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.starts_with("problem: limits.disk")
+                && p.contains("btrfs")
+                && p.contains("unbounded")),
+        "{checked}"
+    );
+    if let Some(root) = support::state_root() {
+        let bounded = tempfile::tempdir_in(root).unwrap();
+        let checked = check_config(&write(&bounded.path().join("state"))).await;
+        assert!(
+            checked.says("ok: limits.disk 1073741824 bytes"),
+            "{checked}"
+        );
+    }
+}

@@ -367,3 +367,23 @@ async fn environments_of_another_organisation_do_not_exist_for_you() {
         .unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+/// A disk bound this host cannot hold (a state directory off any quota filesystem) stops
+/// start-up, naming the key, what is missing and the explicit way out.
+#[test]
+fn a_disk_bound_the_host_cannot_hold_stops_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = naryad_with(&format!(
+        "state_dir = {:?}\n[listen]\nsocket = {:?}\n{IDENTITY}\n[limits]\ndisk = \"1GiB\"\n",
+        dir.path().join("state").display().to_string(),
+        dir.path().join("run/narya.sock").display().to_string(),
+    ));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("[limits] disk")
+            && stderr.contains("btrfs")
+            && stderr.contains("unbounded"),
+        "{stderr}"
+    );
+}

@@ -88,7 +88,7 @@ fn write_config(dir: &Path, runtime_toml: &str) -> (PathBuf, PathBuf, String) {
     let config = format!(
         "state_dir = {state:?}\n\n[listen]\nsocket = {socket:?}\ntcp = {tcp:?}\n\n\
          [identity]\nissuer = \"narya-systemd-test\"\naudience = \"narya\"\njwks_uri = \"file://{jwks}\"\n\n\
-         [pool]\nsize = 0\n\n{runtime_toml}\n",
+         [pool]\nsize = 0\n\n[limits]\ndisk = \"unbounded\"\n\n{runtime_toml}\n",
         state = dir.join("state").display().to_string(),
         socket = socket.display().to_string(),
         jwks = jwks.display(),

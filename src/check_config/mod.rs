@@ -76,8 +76,9 @@ pub async fn check(path: &Path, scratch: &Path) -> Vec<Finding> {
     };
     let mut findings = vec![Finding::ok(format!("{} parses", path.display()))];
     findings.extend(local(&config));
-    let (runtime, identity, image, github) = tokio::join!(
+    let (runtime, disk, identity, image, github) = tokio::join!(
         bounded("the container runtime", runtime(&config, scratch)),
+        bounded("the disk bound", disk(&config, scratch)),
         bounded("the identity provider", identity(&config)),
         bounded("the image", image(&config)),
         async {
@@ -86,7 +87,7 @@ pub async fn check(path: &Path, scratch: &Path) -> Vec<Finding> {
                 .unwrap_or_else(|_| Some(timed_out("the GitHub App")))
         },
     );
-    findings.extend([runtime, identity, image]);
+    findings.extend([runtime, disk, identity, image]);
     findings.extend(github);
     findings
 }
@@ -218,6 +219,34 @@ async fn runtime(config: &Config, scratch: &Path) -> Finding {
             socket.display()
         )),
         Err(e) => Finding::problem(format!("{key} {}: {e}", socket.display())),
+    }
+}
+
+/// Whether `[limits] disk` can be held: what start-up refuses, said here first.
+async fn disk(config: &Config, scratch: &Path) -> Finding {
+    let Some(bytes) = config.limits.disk.bytes() else {
+        return Finding::ok(
+            "limits.disk \"unbounded\": one environment can fill the host's disk (naryad warns at every start)",
+        );
+    };
+    let mut scratch_config = config.clone();
+    scratch_config.state_dir = scratch.to_owned();
+    let runtime = crate::backend::connect(&scratch_config).ok();
+    let answering = match &runtime {
+        Some(runtime) => runtime.version().await.is_ok().then_some(runtime.as_ref()),
+        None => None,
+    };
+    let layers = match answering {
+        Some(_) => " and the runtime's layers",
+        None => " (the runtime's layers unchecked: it does not answer)",
+    };
+    match crate::disk::check_bound(&config.workspaces_dir(), answering).await {
+        Ok(()) => Finding::ok(format!(
+            "limits.disk {bytes} bytes: held by btrfs quota groups on the workspaces' filesystem{layers}"
+        )),
+        Err(e) => Finding::problem(format!(
+            "limits.disk cannot be held: {e}; or set `disk = \"unbounded\"` under [limits]"
+        )),
     }
 }
 
