@@ -16,10 +16,12 @@ use crate::daemon::Daemon;
 use crate::raw::Raw;
 use crate::stats::Samples;
 
+mod disk;
 mod exec_load;
 mod output_memory;
 mod pool;
 
+pub use disk::{measure_disk, BOUND as DISK_BOUND};
 pub use exec_load::{ExecLoad, ExecLoadResult, LoadSide};
 pub use output_memory::{OutputLoad, OutputMemoryResult};
 pub use pool::{measure_pool, PoolReport, POOL_SIZE};

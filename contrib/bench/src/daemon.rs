@@ -22,6 +22,17 @@ pub struct Setup<'a> {
     pub log: Option<PathBuf>,
     /// `[pool] size`: 0 for every row but the pool's.
     pub pool: usize,
+    /// `[limits] disk`; `None`: the contract's default where the host can hold it (the state
+    /// on the quota filesystem, [`state_root`]), else `"unbounded"`.
+    pub disk: Option<&'a str>,
+}
+
+/// The btrfs filesystem with quotas the test services mount (`NARYA_TEST_STATE_ROOT`), where
+/// a daemon's state must be for `[limits] disk` to hold; `None` when there is none.
+pub fn state_root() -> Option<PathBuf> {
+    let root = PathBuf::from(std::env::var_os("NARYA_TEST_STATE_ROOT")?);
+    narya_runtimes::disk::check_enforced(&root).ok()?;
+    Some(root)
 }
 
 pub struct Daemon {
@@ -48,10 +59,17 @@ impl Daemon {
         token: &str,
         network: &str,
     ) -> Result<Daemon> {
-        let dir = tempfile::Builder::new()
-            .prefix("narya-bench-")
-            .tempdir()
-            .context("cannot make the daemon's temporary directory")?;
+        let root = state_root();
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("narya-bench-");
+        let dir = match &root {
+            Some(root) => builder.tempdir_in(root),
+            None => builder.tempdir(),
+        }
+        .context("cannot make the daemon's temporary directory")?;
+        let disk = setup
+            .disk
+            .unwrap_or(if root.is_some() { "10GiB" } else { "unbounded" });
         let state = dir.path().join("state");
         let socket = dir.path().join("narya.sock");
         // Deleted environments are forgotten at once, not after a day: the run deletes hundreds
@@ -67,7 +85,7 @@ impl Daemon {
              containerd_namespace = {namespace}\ndocker_socket = {docker}\n\n\
              [image]\nreference = {image}\n\n\
              [environment]\ngone_retention = \"1s\"\nnetwork = {network}\n\n\
-             [limits]\nnofile = 1024\n\n\
+             [limits]\nnofile = 1024\ndisk = {disk}\n\n\
              [pool]\nsize = {pool}\n",
             state = quote(&state.display().to_string()),
             socket = quote(&socket.display().to_string()),
@@ -79,12 +97,13 @@ impl Daemon {
             image = quote(&format!("oci-layout:{}", setup.layout)),
             network = quote(network),
             pool = setup.pool,
+            disk = quote(disk),
         );
         let config_path = dir.path().join("naryad.toml");
         std::fs::write(&config_path, config).context("cannot write the daemon's configuration")?;
         let log = setup.log.as_ref().map_or_else(
             || dir.path().join("naryad.log"),
-            |base| base.with_extension(format!("{network}.log")),
+            |base| base.with_extension(format!("{network}.{disk}.log")),
         );
         let log_file = std::fs::File::create(&log)
             .with_context(|| format!("cannot create the daemon's log {}", log.display()))?;

@@ -319,6 +319,7 @@ async fn run(args: Args) -> Result<bool> {
                 .as_ref()
                 .map(|d| d.join(format!("naryad-{}.log", backend.name()))),
             pool: 0,
+            disk: None,
         };
         // The daemon measured throughout isolates its machines (the default); a second one, on
         // the host's network, shows what that costs.
@@ -386,11 +387,34 @@ async fn run(args: Args) -> Result<bool> {
             }
             Some(measured)
         };
+        let disk = if interrupted || crate::daemon::state_root().is_none() {
+            None
+        } else {
+            eprintln!("== {} with and without [limits] disk", backend.name());
+            let setup = Setup {
+                log: args
+                    .log_dir
+                    .as_ref()
+                    .map(|d| d.join(format!("naryad-{}-disk.log", backend.name()))),
+                ..setup
+            };
+            let prefix = format!("nb{}{}d-", std::process::id(), &backend.name()[..1]);
+            let measured =
+                bench::measure_disk(&setup, backend, &socket, &token, plan.clone(), prefix).await;
+            if let Err(e) = &measured {
+                eprintln!(
+                    "narya-bench: {} with and without a disk bound: {e}",
+                    backend.name()
+                );
+            }
+            Some(measured)
+        };
         outcomes.push(Outcome {
             backend,
             runtime_version,
             result,
             pool,
+            disk,
         });
         if interrupted {
             break;
@@ -419,7 +443,7 @@ async fn run(args: Args) -> Result<bool> {
         Some(Ok(p)) => p.burst.ours_errors > 0 || p.burst.raw_errors > 0,
         Some(Err(_)) => true,
         None => false,
-    });
+    }) || outcomes.iter().any(|o| matches!(o.disk, Some(Err(_))));
     if errors {
         eprintln!("narya-bench: something failed (see above); exiting non-zero");
     }

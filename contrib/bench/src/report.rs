@@ -6,6 +6,7 @@ use crate::bench::{ExecLoad, LoadSide, OutputLoad, Plan, PoolReport, Report};
 use crate::raw::Backend;
 use crate::stats::{ms, spread};
 
+mod disk;
 mod pool;
 
 /// What ran where.
@@ -31,6 +32,9 @@ pub struct Outcome {
     pub result: Result<Report, String>,
     /// The pool's rows, from a daemon of their own; `None` when they did not run.
     pub pool: Option<Result<PoolReport, String>>,
+    /// Create with `[limits] disk` (ours) against without (raw), from two daemons of their own;
+    /// `None` when it did not run.
+    pub disk: Option<Result<crate::bench::Pair, String>>,
 }
 
 pub const CREATE_RATIO: f64 = 1.10;
@@ -87,9 +91,9 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
         let backend = outcome.backend;
         let Ok(r) = &outcome.result else {
             // The pool's rows come from a daemon of their own and say for themselves.
-            let own = targets(plan)
-                .into_iter()
-                .filter(|t| !pool::TARGETS.contains(&t.as_str()));
+            let own = targets(plan).into_iter().filter(|t| {
+                !pool::TARGETS.contains(&t.as_str()) && !disk::TARGETS.contains(&t.as_str())
+            });
             for target in own {
                 all.push(Verdict {
                     target,
@@ -199,6 +203,7 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
         );
     }
     all.extend(pool::verdicts(outcomes));
+    all.extend(disk::verdicts(outcomes));
     all
 }
 
@@ -247,6 +252,7 @@ fn targets(plan: &Plan) -> Vec<String> {
     all.extend(TARGETS[4..].iter().map(|t| (*t).to_owned()));
     all.push(OUTPUT_TARGET.to_owned());
     all.extend(pool::TARGETS.iter().map(|t| (*t).to_owned()));
+    all.extend(disk::TARGETS.iter().map(|t| (*t).to_owned()));
     all
 }
 
@@ -398,6 +404,7 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
         );
     }
     t.push_str(&pool::rows(outcomes, &verdicts));
+    t.push_str(&disk::rows(outcomes, &verdicts));
     t
 }
 
@@ -575,6 +582,7 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
          `ready`); VmHWM read once the last answered, then the environments deleted.\n",
     );
     d.push_str(pool::METHOD);
+    d.push_str(disk::METHOD);
     d.push('\n');
     d.push_str("Raw commands:\n\n");
     for outcome in outcomes {
@@ -622,6 +630,7 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
     let failures: Vec<String> = failures
         .into_iter()
         .chain(pool::failures(outcomes))
+        .chain(disk::failures(outcomes))
         .collect();
     if !failures.is_empty() {
         d.push_str("\n## Failures\n\n");
