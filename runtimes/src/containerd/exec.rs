@@ -13,7 +13,8 @@ use narya_oci::spec;
 use tokio::time::Instant;
 
 use super::client::classify;
-use super::machine::{machine_state, spec_any, Placement};
+use super::container::{spec_any, Placement};
+use super::machine::machine_state;
 use super::{unique, Containerd};
 use crate::labels;
 use crate::output::{InputFifo, OutputFifo};

@@ -1,11 +1,13 @@
 //! The containerd back end, over containerd's gRPC API in one namespace and snapshotter.
 
 mod client;
+mod container;
 mod content;
 mod events;
 mod exec;
 mod image;
 mod machine;
+mod task;
 mod throwaway;
 
 use std::collections::HashMap;

@@ -1,23 +1,20 @@
-//! A Docker machine's life: a labelled container made and started, inspected, listed, watched
-//! for changes, started again and removed, with what machines and throwaways share.
+//! A Docker machine's life: a labelled container made (its writable layer joined to its
+//! workspace's disk bound) and started, inspected, listed, started again and removed.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::models::{
-    ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig,
-    HostConfigCgroupnsModeEnum, HostConfigLogConfig, Mount, MountTypeEnum, ResourcesUlimits,
-    RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, RestartPolicy,
+    RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
     StartContainerOptions,
 };
 use bollard::Docker as Client;
-use narya_oci::spec::CPU_PERIOD_US;
 use narya_oci::Digest;
-use nix::sys::resource::{getrlimit, Resource};
 use tokio::time::Instant;
 
 use super::engine::{classify, found};
@@ -25,8 +22,7 @@ use super::image::local_tag;
 use super::Docker;
 use crate::labels::{self, LABEL_ENVIRONMENT};
 use crate::{
-    Change, ErrorKind, Limits, MachineInfo, MachineSpec, MachineState, Network, Result,
-    RuntimeError, ThrowawaySpec, OOM_SCORE_ADJ,
+    ErrorKind, MachineInfo, MachineSpec, MachineState, Network, Result, RuntimeError, ThrowawaySpec,
 };
 
 /// How long a container state the Docker API cannot express is waited out.
@@ -45,111 +41,6 @@ pub(super) struct Machine {
     pub pid: Option<u32>,
 }
 
-fn network_mode(network: Network) -> String {
-    match network {
-        Network::Host => "host",
-        // An isolated machine joins the daemon's network (`join_network`), never none.
-        Network::None | Network::Isolated => "none",
-    }
-    .to_owned()
-}
-
-/// What machines and throwaways share: the workspace bind mount read-write, no new privileges,
-/// no capabilities, the seccomp filter, a private cgroup namespace, the network asked for, the
-/// limits, and no init of Docker's (ours is tini, in the image).
-fn host_config(
-    workspace: &Path,
-    mount_point: &str,
-    network: Network,
-    limits: &Limits,
-    seccomp: &str,
-) -> Result<HostConfig> {
-    let source = workspace.to_str().ok_or_else(|| {
-        RuntimeError::plain(
-            ErrorKind::Other,
-            format!("workspace path {} is not UTF-8", workspace.display()),
-        )
-    })?;
-    Ok(HostConfig {
-        // A bind *mount* (not a `Binds` entry): the engine refuses a missing source instead of
-        // creating it as root.
-        mounts: Some(vec![Mount {
-            target: Some(mount_point.to_owned()),
-            source: Some(source.to_owned()),
-            typ: Some(MountTypeEnum::BIND),
-            read_only: Some(false),
-            ..Default::default()
-        }]),
-        security_opt: Some(vec![
-            "no-new-privileges".to_owned(),
-            format!("seccomp={seccomp}"),
-        ]),
-        cap_drop: Some(vec!["ALL".to_owned()]),
-        network_mode: Some(network_mode(network)),
-        init: Some(false),
-        cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
-        // Every output is read through exec attachments; what a machine writes to its init's
-        // own output would otherwise grow the engine's log file without bound.
-        log_config: Some(HostConfigLogConfig {
-            typ: Some("none".to_owned()),
-            config: None,
-        }),
-        ..bounded(limits)
-    })
-}
-
-/// The lower of this process's hard `RLIMIT_NPROC` and the kernel's `pid_max`.
-fn nproc_ceiling() -> Option<i64> {
-    let hard = getrlimit(Resource::RLIMIT_NPROC)
-        .ok()
-        .map(|(_, hard)| hard)?;
-    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .ok()
-        .and_then(|text| text.trim().parse::<u64>().ok())
-        .unwrap_or(hard);
-    i64::try_from(hard.min(pid_max)).ok()
-}
-
-/// The `[limits]` as the engine takes them: the cgroup's memory (no swap on top), a CPU quota
-/// (`NanoCpus` above the host's CPUs is refused), pids, the private `/tmp` with the same
-/// options as on containerd, explicit rlimits (an engine's defaults may ask for more than the
-/// host grants: Podman's fail with "error setting rlimit type 7") and the raised
-/// `oom_score_adj`.
-fn bounded(limits: &Limits) -> HostConfig {
-    let memory = i64::try_from(limits.memory).unwrap_or(i64::MAX);
-    let nofile = i64::try_from(limits.nofile).unwrap_or(i64::MAX);
-    let mut ulimits = vec![ResourcesUlimits {
-        name: Some("nofile".to_owned()),
-        soft: Some(nofile),
-        hard: Some(nofile),
-    }];
-    // RLIMIT_NPROC counts a uid's processes host-wide, so it cannot bound one environment (the
-    // pids limit does); it is stated only so that the engine does not ask runc for more than it
-    // may give: no more than ours, nor than the kernel's pid_max (what Podman raises its own
-    // to, and the most processes there can be anyway).
-    if let Some(nproc) = nproc_ceiling() {
-        ulimits.push(ResourcesUlimits {
-            name: Some("nproc".to_owned()),
-            soft: Some(nproc),
-            hard: Some(nproc),
-        });
-    }
-    HostConfig {
-        memory: Some(memory),
-        memory_swap: Some(memory),
-        cpu_period: Some(CPU_PERIOD_US as i64),
-        cpu_quota: Some(limits.cpu_quota_us()),
-        pids_limit: Some(i64::from(limits.pids)),
-        tmpfs: Some(HashMap::from([(
-            "/tmp".to_owned(),
-            limits.tmp_options().join(","),
-        )])),
-        ulimits: Some(ulimits),
-        oom_score_adj: Some(i64::from(OOM_SCORE_ADJ)),
-        ..Default::default()
-    }
-}
-
 fn machine_state(status: Option<ContainerStateStatusEnum>) -> MachineState {
     match status {
         Some(ContainerStateStatusEnum::RUNNING) => MachineState::Running,
@@ -165,22 +56,6 @@ fn machine_state(status: Option<ContainerStateStatusEnum>) -> MachineState {
 }
 
 impl Docker {
-    /// [`host_config`] with the seccomp filter as this engine takes it, joined to the daemon's
-    /// network when `network` is isolated.
-    pub(super) async fn host_config(
-        &self,
-        client: &Client,
-        workspace: &Path,
-        mount_point: &str,
-        network: Network,
-        limits: &Limits,
-    ) -> Result<HostConfig> {
-        let seccomp = self.seccomp_option().await?;
-        let mut host = host_config(workspace, mount_point, network, limits, &seccomp)?;
-        self.join_network(client, &mut host, network).await?;
-        Ok(host)
-    }
-
     /// `Runtime::create_machine`: the container made and started; removed again when it does
     /// not start.
     pub(super) async fn make_machine(&self, spec: &MachineSpec) -> Result<MachineInfo> {
@@ -330,46 +205,6 @@ impl Docker {
             };
             (c.labels.unwrap_or_default(), state)
         })))
-    }
-
-    /// `Runtime::changes`: the engine's container events of Narya machines, from the moment
-    /// of the call. The request goes out only when the stream is first read, so it asks for
-    /// the events since now: a machine that stops in between is still reported.
-    pub(super) async fn subscribe_changes(
-        &self,
-    ) -> Result<futures_util::stream::BoxStream<'static, Change>> {
-        use futures_util::StreamExt;
-        let client = self.engine.client().await?.clone();
-        if self.engine.is_podman().await? {
-            return Ok(super::podman::polled_changes(client).await);
-        }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let options = bollard::query_parameters::EventsOptions {
-            since: Some(format!("{}.{:09}", now.as_secs(), now.subsec_nanos())),
-            until: None,
-            filters: Some(std::collections::HashMap::from([
-                ("type".to_owned(), vec!["container".to_owned()]),
-                ("label".to_owned(), vec![LABEL_ENVIRONMENT.to_owned()]),
-                // What happens to machines; an exec's events (exec_create, exec_start,
-                // exec_die) are not, and dozens at once must not each set off a pass.
-                (
-                    "event".to_owned(),
-                    [
-                        "create", "start", "die", "stop", "kill", "oom", "destroy", "pause",
-                        "unpause",
-                    ]
-                    .map(str::to_owned)
-                    .to_vec(),
-                ),
-            ])),
-        };
-        Ok(client
-            .events(Some(options))
-            .take_while(|event| std::future::ready(event.is_ok()))
-            .filter_map(|event| std::future::ready(event.ok().and_then(change_of)))
-            .boxed())
     }
 
     /// `Runtime::start`.
@@ -562,59 +397,5 @@ impl Docker {
         );
         self.remove_container(client, &stale_id).await?;
         self.create_container(client, name, digest, body).await
-    }
-}
-
-/// The machine an engine event is about, by the labels it carries as attributes; `None` for a
-/// throwaway container's (which is no machine), `Unknown` when it names none.
-fn change_of(event: bollard::models::EventMessage) -> Option<Change> {
-    let attributes = event.actor.and_then(|a| a.attributes).unwrap_or_default();
-    if labels::is_any_throwaway(&attributes) {
-        return None;
-    }
-    Some(match labels::machine_name(&attributes) {
-        Some(name) => Change::Machine(name.to_owned()),
-        None => Change::Unknown,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use bollard::models::{EventActor, EventMessage};
-
-    use super::change_of;
-    use crate::Change;
-
-    fn event(attributes: &[(&str, &str)]) -> EventMessage {
-        EventMessage {
-            actor: Some(EventActor {
-                id: Some("f00d".to_owned()),
-                attributes: Some(
-                    attributes
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect::<HashMap<_, _>>(),
-                ),
-            }),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn an_event_names_the_machine_by_its_labels_and_passes_over_throwaways() {
-        let machine = event(&[
-            ("name", "narya-1"),
-            ("dev.narya.environment", "demo"),
-            ("dev.narya.machine", "narya-1"),
-        ]);
-        assert_eq!(change_of(machine), Some(Change::Machine("narya-1".into())));
-        let throwaway = event(&[
-            ("name", "demo-clone"),
-            ("dev.narya.throwaway", "demo-clone"),
-        ]);
-        assert_eq!(change_of(throwaway), None);
-        assert_eq!(change_of(event(&[])), Some(Change::Unknown));
     }
 }

@@ -1,7 +1,9 @@
 //! The Docker back end, over the Docker Engine API (bollard) on the engine's unix socket.
 
+mod changes;
 mod engine;
 mod exec;
+mod host_config;
 mod image;
 mod libpod;
 mod machine;

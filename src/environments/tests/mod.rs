@@ -7,6 +7,7 @@ mod create;
 mod events;
 mod lifecycle;
 mod pool;
+mod pool_recovery;
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
