@@ -11,11 +11,17 @@ pub struct PrivateContainerd {
     child: Option<Child>,
 }
 
+/// Where a private runtime keeps its root: the quota filesystem of the tests' state (so that
+/// `[limits] disk` can hold for the daemons driving it), else `/var/tmp`.
+fn private_root() -> std::path::PathBuf {
+    super::state_root().unwrap_or_else(|| std::path::PathBuf::from("/var/tmp"))
+}
+
 impl PrivateContainerd {
     pub fn start() -> PrivateContainerd {
         let dir = tempfile::Builder::new()
             .prefix("narya-ctd-")
-            .tempdir_in("/var/tmp")
+            .tempdir_in(private_root())
             .unwrap();
         std::fs::write(dir.path().join("config.toml"), "version = 2\n").unwrap();
         let socket = dir.path().join("containerd.sock");
@@ -150,7 +156,7 @@ impl PrivateDockerd {
     pub fn start() -> PrivateDockerd {
         let dir = tempfile::Builder::new()
             .prefix("narya-dkd-")
-            .tempdir_in("/var/tmp")
+            .tempdir_in(private_root())
             .unwrap();
         let socket = dir.path().join("docker.sock");
         let mut dockerd = PrivateDockerd {
@@ -180,6 +186,8 @@ impl PrivateDockerd {
             .arg("-H")
             .arg(format!("unix://{}", self.socket.display()))
             .args(["--iptables=false", "--ip-masq=false", "--bridge=none"])
+            // On btrfs the engine would pick its btrfs driver, whose layers are no overlay.
+            .args(["--storage-driver", "overlay2"])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
