@@ -122,7 +122,8 @@ async fn a_second_daemon_on_an_overlapping_subnet_refuses_to_start(backend: Back
     let _removal = host.removal(&id);
     let made = create(&host.acme(), json!({ "id": id })).await;
     assert_eq!(made.status, StatusCode::CREATED, "{:?}", body(&made));
-    let second = tempfile::tempdir().unwrap();
+    // On the same filesystem as the first's state, so that its disk bound holds there too.
+    let second = support::state_tempdir();
     let first_config = std::fs::read_to_string(&host.daemon.config_path).unwrap();
     let subnet = first_config
         .lines()
@@ -173,6 +174,76 @@ async fn a_second_daemon_on_an_overlapping_subnet_refuses_to_start(backend: Back
 }
 
 on_every_engine!(a_second_daemon_on_an_overlapping_subnet_refuses_to_start);
+
+/// Another organisation creating your identifier as fast as it can is refused each time
+/// (`409 NRY-0040`) and never queues your delete: the locks are per (organisation,
+/// identifier), so its flood never holds yours. The delete's time is printed; the bound asserted
+/// is generous (speed lives in the benchmarks).
+#[tokio::test(flavor = "multi_thread")]
+async fn another_organisations_flood_of_your_identifier_does_not_delay_your_delete() {
+    let Some(host) = Host::start_on(Backend::Containerd, "[pool]\nsize = 0\n").await else {
+        return;
+    };
+    let id = unique_id("flooded");
+    let _removal = host.removal(&id);
+    let made = create(&host.acme(), json!({ "id": id })).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", body(&made));
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (client, id, stop, refused) = (
+            host.client("globex"),
+            id.clone(),
+            stop.clone(),
+            refused.clone(),
+        );
+        flood.spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let answer = create(&client, json!({ "id": id })).await;
+                // Refused while acme holds it; once deleted, globex may take it.
+                if answer.status == StatusCode::CONFLICT {
+                    assert_eq!(body(&answer)["code"], "NRY-0040", "{:?}", body(&answer));
+                    refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                } else {
+                    return answer.status;
+                }
+            }
+            StatusCode::CONFLICT
+        });
+    }
+    let flooding = Instant::now() + Duration::from_secs(30);
+    while refused.load(std::sync::atomic::Ordering::Relaxed) < 100 {
+        assert!(Instant::now() < flooding, "the flood did not get going");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let asked = Instant::now();
+    let deleted = tokio::time::timeout(ANSWER_WITHIN * 6, delete(&host.acme(), &id))
+        .await
+        .expect("acme's delete answered while globex flooded");
+    let took = asked.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    eprintln!(
+        "acme's delete took {} ms while globex's creates of the same id were refused {} times",
+        took.as_millis(),
+        refused.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    while let Some(ended) = flood.join_next().await {
+        let status = ended.unwrap();
+        // A globex create that came after the delete made globex's own environment.
+        assert!(
+            status == StatusCode::CONFLICT || status == StatusCode::CREATED,
+            "{status}"
+        );
+    }
+    let _globex_removal = host.removal(&id);
+    let globex = host.client("globex");
+    if get(&globex, &id).await.status == StatusCode::OK {
+        delete(&globex, &id).await;
+    }
+}
 
 /// The daemon's peak resident memory (`VmHWM`), in bytes.
 fn peak_rss(pid: u32) -> u64 {
