@@ -55,7 +55,7 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &
     let Some(socket) = support::required("NARYA_TEST_CONTAINERD_SOCKET") else {
         return;
     };
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = support::scratch();
     let isolated = support::Isolated::new(scratch.path(), None);
     let runtime = containerd(
         &socket,
@@ -275,7 +275,7 @@ async fn two_hundred_isolated_creates_and_removes_leave_nothing_behind() {
     let Some(socket) = support::required("NARYA_TEST_CONTAINERD_SOCKET") else {
         return;
     };
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = support::scratch();
     let isolated = support::Isolated::new(scratch.path(), None);
     let subnet = isolated.config.subnet;
     let runtime = containerd(

@@ -161,7 +161,7 @@ fn private_reference(registry: bool, scratch: &Path, prefix: &str) -> Option<Ima
 /// The suite against this back end with the image from `reference`; skipped (outside CI) when
 /// the variables name no such image.
 async fn run_suite(registry: bool, prefix: &str, engine: &str) {
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = support::scratch();
     let Some(reference) = private_reference(registry, scratch.path(), prefix) else {
         return;
     };

@@ -113,8 +113,17 @@ impl Context<'_> {
 
     /// Makes and starts machine `n` with a fresh workspace.
     pub(super) async fn machine(&self, n: u32) -> Result<(String, PathBuf), Outcome> {
+        let workspace = self.workspace(&self.machine_id(n))?;
+        self.machine_on(n, workspace).await
+    }
+
+    /// Makes and starts machine `n` on `workspace`, a directory the case made.
+    pub(super) async fn machine_on(
+        &self,
+        n: u32,
+        workspace: PathBuf,
+    ) -> Result<(String, PathBuf), Outcome> {
         let id = self.machine_id(n);
-        let workspace = self.workspace(&id)?;
         let spec = MachineSpec {
             id: id.clone(),
             environment: environment_of(&id),

@@ -15,6 +15,18 @@ fn under_ci() -> bool {
 }
 
 /// The value of `var`, or a skip (outside CI) / failure (under CI=true) naming what is missing.
+/// A scratch directory for the suite's workspaces: on the test services' btrfs filesystem with
+/// quotas (`NARYA_TEST_STATE_ROOT`) when there is one, so that the disk case runs; else anywhere.
+pub fn scratch() -> tempfile::TempDir {
+    let root = std::env::var_os("NARYA_TEST_STATE_ROOT")
+        .map(std::path::PathBuf::from)
+        .filter(|root| narya_runtimes::disk::check_enforced(root).is_ok());
+    match root {
+        Some(root) => tempfile::tempdir_in(root).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    }
+}
+
 pub fn required(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(v) if !v.is_empty() => Some(v),

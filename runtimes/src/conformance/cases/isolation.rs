@@ -18,6 +18,10 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("isolation", limits_read_inside_equal_the_configuration),
         case!("isolation", cgroup_view_is_private),
         case!("isolation", tmp_is_bounded),
+        case!(
+            "isolation",
+            the_writable_layer_shares_the_workspaces_disk_bound
+        ),
         case!("isolation", pids_limit_holds_and_the_machine_recovers),
         case!("isolation", memory_limit_kills_inside_only),
         case!("isolation", throwaway_is_bounded_and_filtered_too),
@@ -272,6 +276,62 @@ async fn tmp_is_bounded(c: &Context<'_>) -> Result<(), Outcome> {
         mount.contains("tmpfs") && mount.contains("nosuid") && mount.contains("nodev"),
         || format!("/tmp is mounted as {mount:?}"),
     )
+}
+
+/// The bound of the disk test machines get (`[limits] disk`'s runtime half).
+const DISK_BOUND: u64 = 64 << 20;
+
+/// `[limits] disk`, the runtime's half: a machine made on a workspace heading a quota group
+/// (`crate::disk::make_bounded`, as the daemon makes every workspace) puts its writable layer in
+/// that group, so that `/var/tmp` and the workspace share one bound. Skipped where the scratch
+/// directory is not on btrfs with quotas on.
+async fn the_writable_layer_shares_the_workspaces_disk_bound(
+    c: &Context<'_>,
+) -> Result<(), Outcome> {
+    if let Err(why) = crate::disk::check_enforced(&c.fixture.scratch) {
+        return Err(Outcome::Skip(why));
+    }
+    let workspace = c.fixture.scratch.join(c.machine_id(0));
+    crate::disk::make_bounded(&workspace, DISK_BOUND)?;
+    nix::unistd::chown(
+        &workspace,
+        Some(nix::unistd::Uid::from_raw(c.fixture.user.uid)),
+        Some(nix::unistd::Gid::from_raw(c.fixture.user.gid)),
+    )?;
+    let (id, _) = c.machine_on(0, workspace).await?;
+    let mib = DISK_BOUND >> 20;
+    let out = c
+        .sh(
+            &id,
+            &format!(
+                "dd if=/dev/zero of=/var/tmp/fill bs=1M count={} 2>&1; echo \"dd=$?\"; sync; \
+                 echo \"size=$(stat -c %s /var/tmp/fill)\"; \
+                 dd if=/dev/zero of={}/after bs=1M count=1 2>&1; echo \"after=$?\"; \
+                 rm -f /var/tmp/fill {}/after",
+                mib * 2,
+                c.fixture.mount_point,
+                c.fixture.mount_point
+            ),
+        )
+        .await?;
+    let t = text(&out);
+    let seen = values(&t);
+    check(seen.get("dd").is_some_and(|v| v != "0"), || {
+        format!("writing twice the bound into the writable layer succeeded: {t:?}")
+    })?;
+    check(t.contains("Disk quota exceeded"), || {
+        format!("the write past the bound did not fail with EDQUOT: {t:?}")
+    })?;
+    let size: u64 = seen
+        .get("size")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(u64::MAX);
+    check(size <= DISK_BOUND, || {
+        format!("/var/tmp took {size} bytes, more than the bound of {DISK_BOUND}")
+    })?;
+    check(seen.get("after").is_some_and(|v| v != "0"), || {
+        format!("the workspace still took writes once the layer had the whole bound: {t:?}")
+    })
 }
 
 async fn pids_limit_holds_and_the_machine_recovers(c: &Context<'_>) -> Result<(), Outcome> {
