@@ -1,10 +1,12 @@
 //! An organisation's link to GitHub: the App installation it connected, and which repositories
 //! that installation lets this host clone for it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::auth::Principal;
-use crate::github::{GitHubApp, GitHubError};
+use crate::github::{GitHubApp, GitHubError, Installation, UserToken};
 use crate::model::{now_rfc3339, Repository};
 use crate::store::{ConnectedInstallation, Connecting, Store, StoreError};
 
@@ -31,6 +33,17 @@ pub enum OrganisationError {
         installation: u64,
         connect_url: String,
     },
+    #[error("you do not administer the GitHub account {account} that installation {installation} of Narya's GitHub App belongs to ({why}): only its owner connects it (for an organisation, one of its owners; for a user account, that user); nothing was connected. Ask an owner of {account} to connect it with `narya github connect {installation} --code CODE`, or install the App on an account you own at {connect_url}")]
+    NotOwner {
+        installation: u64,
+        account: String,
+        why: &'static str,
+        connect_url: String,
+    },
+    #[error("your organisation's share of calls to GitHub is spent by refused requests ({BUCKET_SIZE} at most, one more every {} s): retry in {retry_after} s; nothing was created or connected", REFILL.as_secs())]
+    GitHubShareSpent { retry_after: u64 },
+    #[error("GitHub limits this host's calls: retry in {retry_after} s; nothing was created or connected")]
+    GitHubRateLimited { retry_after: u64 },
     #[error("installation {installation} is connected to another organisation on this host; nothing was connected")]
     HeldByAnother { installation: u64 },
     #[error("your organisation has connected no GitHub App installation: install Narya's GitHub App at {connect_url}, then connect it with `narya github connect INSTALLATION_ID --code CODE` (PUT /v1/organisation/github)")]
@@ -47,6 +60,9 @@ impl From<GitHubError> for OrganisationError {
     fn from(e: GitHubError) -> Self {
         match e {
             GitHubError::Unavailable(_) => OrganisationError::GitHubUnavailable(e),
+            GitHubError::RateLimited { retry_after, .. } => {
+                OrganisationError::GitHubRateLimited { retry_after }
+            }
             other => OrganisationError::GitHub(other),
         }
     }
@@ -60,16 +76,71 @@ pub struct CloneSource {
     pub installation: i64,
 }
 
+/// The calls to GitHub an organisation may have in flight or spent on refusals: a repository
+/// create GitHub refuses, or a connect that fails, keeps its call; one that succeeds gives it
+/// back. So one organisation's flood of refused requests spends at most this many of the App's
+/// shared rate limit, then one more every [`REFILL`], and never holds up another's.
+pub const BUCKET_SIZE: u32 = 8;
+/// How often a spent call comes back to an organisation's bucket.
+pub const REFILL: Duration = Duration::from_secs(5);
+
+/// One organisation's calls to GitHub: a token bucket.
+struct Bucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+/// Each organisation's [`Bucket`].
+#[derive(Default)]
+struct Buckets(Mutex<HashMap<String, Bucket>>);
+
+impl Buckets {
+    /// Takes a call from `organisation`'s bucket; when it is empty, answers how many seconds
+    /// until one comes back.
+    fn take(&self, organisation: &str) -> Result<(), OrganisationError> {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let bucket = all.entry(organisation.to_owned()).or_insert(Bucket {
+            tokens: f64::from(BUCKET_SIZE),
+            updated: now,
+        });
+        let refilled = now.duration_since(bucket.updated).as_secs_f64() / REFILL.as_secs_f64();
+        bucket.tokens = (bucket.tokens + refilled).min(f64::from(BUCKET_SIZE));
+        bucket.updated = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = (1.0 - bucket.tokens) * REFILL.as_secs_f64();
+        Err(OrganisationError::GitHubShareSpent {
+            retry_after: wait.ceil().max(1.0) as u64,
+        })
+    }
+
+    /// Gives back the call an organisation's request took: it succeeded.
+    fn give_back(&self, organisation: &str) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bucket) = all.get_mut(organisation) {
+            bucket.tokens = (bucket.tokens + 1.0).min(f64::from(BUCKET_SIZE));
+        }
+    }
+}
+
 /// The organisations of this host, as far as GitHub is concerned.
 pub struct Organisations {
     store: Store,
     /// The host's GitHub App; `None` without a `[github]` section.
     github: Option<Arc<GitHubApp>>,
+    buckets: Buckets,
 }
 
 impl Organisations {
     pub fn new(store: Store, github: Option<Arc<GitHubApp>>) -> Organisations {
-        Organisations { store, github }
+        Organisations {
+            store,
+            github,
+            buckets: Buckets::default(),
+        }
     }
 
     /// The host's GitHub App, or the refusal that says how to configure one.
@@ -80,9 +151,11 @@ impl Organisations {
     }
 
     /// Connects `principal`'s organisation to GitHub App installation `installation_id`, once
-    /// the person's one-time OAuth `code` proves they can access it: the code is exchanged for
-    /// their user token, which lists their installations and is then revoked. Repeating it is
-    /// safe; a new id replaces the old; one another organisation holds is refused.
+    /// the person's one-time OAuth `code` proves they administer the account it belongs to: the
+    /// code is exchanged for their user token, which lists their installations and says who
+    /// they are and what they are in the account, and is then revoked. Repeating it is safe; a
+    /// new id replaces the old; one another organisation holds is refused. A connect that fails
+    /// keeps the GitHub call it took from the organisation's bucket.
     pub async fn connect_github(
         &self,
         principal: &Principal,
@@ -90,6 +163,23 @@ impl Organisations {
         code: &str,
     ) -> Result<(), OrganisationError> {
         let github = self.github()?;
+        self.buckets.take(&principal.organisation)?;
+        let connected = self
+            .prove_and_connect(github, principal, installation_id, code)
+            .await;
+        if connected.is_ok() {
+            self.buckets.give_back(&principal.organisation);
+        }
+        connected
+    }
+
+    async fn prove_and_connect(
+        &self,
+        github: &GitHubApp,
+        principal: &Principal,
+        installation_id: u64,
+        code: &str,
+    ) -> Result<(), OrganisationError> {
         let not_proved = || OrganisationError::NotProved {
             installation: installation_id,
             connect_url: github.connect_url().to_owned(),
@@ -101,19 +191,16 @@ impl Organisations {
             }
             other => other.into(),
         })?;
-        let listed = github.user_installations(&token).await;
-        // The user token was for this one question.
+        let proved = self.prove(github, &token, installation_id).await;
+        // The user token was for these questions only.
         if let Err(e) = github.revoke_user_token(token).await {
             tracing::warn!(error = %e, "could not revoke the person's user token");
         }
-        let listed = listed.map_err(|e| match e {
-            GitHubError::BadCode(_) => not_proved(),
-            other => other.into(),
+        let installation = proved.map_err(|e| match e {
+            OrganisationError::GitHub(GitHubError::BadCode(_)) => not_proved(),
+            other => other,
         })?;
-        let Some(installation) = listed
-            .into_iter()
-            .find(|i| u64::try_from(i.id).ok() == Some(installation_id))
-        else {
+        let Some(installation) = installation else {
             tracing::info!(organisation = %principal.organisation, installation = installation_id, "the code's person cannot access the installation");
             return Err(not_proved());
         };
@@ -133,6 +220,51 @@ impl Organisations {
             Connecting::HeldByAnother => Err(OrganisationError::HeldByAnother {
                 installation: installation_id,
             }),
+        }
+    }
+
+    /// The installation `installation_id` among those the token's person can access, once it
+    /// is seen that they administer its account: for a user account, they are that user; for
+    /// an organisation, an active owner of it (a member, an invited owner or an outside
+    /// collaborator with access to one repository sees the installation too, and proves
+    /// nothing). `None`: they cannot access it at all.
+    async fn prove(
+        &self,
+        github: &GitHubApp,
+        token: &UserToken,
+        installation_id: u64,
+    ) -> Result<Option<Installation>, OrganisationError> {
+        let listed = github.user_installations(token).await?;
+        let Some(installation) = listed
+            .into_iter()
+            .find(|i| u64::try_from(i.id).ok() == Some(installation_id))
+        else {
+            return Ok(None);
+        };
+        let account = installation.account.clone().unwrap_or_default();
+        let refuse = |why| OrganisationError::NotOwner {
+            installation: installation_id,
+            account: account.clone(),
+            why,
+            connect_url: github.connect_url().to_owned(),
+        };
+        if installation.suspended {
+            return Err(refuse("GitHub has suspended the installation"));
+        }
+        if installation.on_user {
+            let person = github.user(token).await?;
+            return match Some(person.id) == installation.account_id {
+                true => Ok(Some(installation)),
+                false => Err(refuse("it is another user's account")),
+            };
+        }
+        match github.membership(token, &account).await? {
+            Some(membership) if membership.is_active_owner() => Ok(Some(installation)),
+            Some(membership) if membership.role == "admin" => Err(refuse(
+                "your invitation to own the organisation is not accepted yet",
+            )),
+            Some(_) => Err(refuse("you are a member of the organisation, not an owner")),
+            None => Err(refuse("you are not a member of the organisation")),
         }
     }
 
@@ -175,7 +307,12 @@ impl Organisations {
         let Some(installation) = self.store.installation(&principal.organisation).await? else {
             return Err(OrganisationError::NotConnected { connect_url });
         };
-        match github.selects(installation, repository).await {
+        self.buckets.take(&principal.organisation)?;
+        let selects = github.selects(installation, repository).await;
+        if matches!(selects, Ok(true)) {
+            self.buckets.give_back(&principal.organisation);
+        }
+        match selects {
             Ok(true) => Ok(CloneSource {
                 repository: repository.clone(),
                 installation,

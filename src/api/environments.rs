@@ -22,7 +22,7 @@ use crate::environments::{CreateRequest, ExecRequest};
         (status = 401, description = "NRY-0011", body = ErrorBody),
         (status = 403, description = "NRY-0050/0051: GitHub installation missing or repository not selected", body = ErrorBody),
         (status = 409, description = "NRY-0040: the identifier is held by another organisation; NRY-0041: a setup-carrying create met a machine whose setup state was never recorded (`setup.state` `interrupted`)", body = ErrorBody),
-        (status = 429, description = "NRY-0070: the organisation holds `[organisation] max_environments` environments", body = ErrorBody),
+        (status = 429, description = "NRY-0070: the organisation holds `[organisation] max_environments` environments, or its refused repository creates spent its share of calls to GitHub (the message says which, and when to retry)", body = ErrorBody),
         (status = 503, description = "NRY-0060/0061; NRY-0062: the host is short of disk (`[host] reserve_disk`)", body = ErrorBody),
     ))]
 pub async fn create(

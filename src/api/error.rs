@@ -120,7 +120,9 @@ fn organisation_parts(o: &OrganisationError) -> (StatusCode, &'static str) {
             (FORBIDDEN, "NRY-0050")
         }
         O::RepositoryNotSelected { .. } => (FORBIDDEN, "NRY-0051"),
-        O::NotProved { .. } => (FORBIDDEN, "NRY-0052"),
+        O::NotProved { .. } | O::NotOwner { .. } => (FORBIDDEN, "NRY-0052"),
+        O::GitHubShareSpent { .. } => (StatusCode::TOO_MANY_REQUESTS, "NRY-0070"),
+        O::GitHubRateLimited { .. } => (UNAVAILABLE, "NRY-0060"),
         O::HeldByAnother { .. } => (CONFLICT, "NRY-0053"),
         O::NoInstallation { .. } => (NOT_FOUND, "NRY-0030"),
         // The contract has one code for a dependency that is not answering.

@@ -17,9 +17,10 @@ use crate::auth::Principal;
         (status = 204, description = "Connected: repository-carrying creates of this organisation clone through this installation"),
         (status = 400, description = "NRY-0020", body = ErrorBody),
         (status = 401, description = "NRY-0011", body = ErrorBody),
-        (status = 403, description = "NRY-0052: the code is not valid, or its person cannot access the installation; NRY-0050: this host has no GitHub App configured", body = ErrorBody),
+        (status = 403, description = "NRY-0052: the code is not valid, or its person cannot access the installation or does not administer its account (an active owner of the organisation, or the user whose account it is); NRY-0050: this host has no GitHub App configured", body = ErrorBody),
         (status = 409, description = "NRY-0053: the installation is connected to another organisation", body = ErrorBody),
-        (status = 503, description = "NRY-0060: GitHub is not answering; nothing was changed", body = ErrorBody),
+        (status = 429, description = "NRY-0070: the organisation's failed requests spent its share of calls to GitHub; the message says when to retry", body = ErrorBody),
+        (status = 503, description = "NRY-0060: GitHub is not answering, or limits this host's calls (the message says when to retry); nothing was changed", body = ErrorBody),
     ))]
 pub async fn connect_github(
     State(state): State<AppState>,

@@ -11,7 +11,7 @@ pub use app::{GitHubApp, Installation, InstallationToken};
 pub use clone::{
     clone_argv, clone_env, clone_stdin, config_holds_secret, throwaway_name, Redactor,
 };
-pub use oauth::UserToken;
+pub use oauth::{Membership, Person, UserToken};
 
 /// A secret (the App's JWT, an installation token) that prints as `[redacted]` wherever it
 /// is formatted, so a log line or an error message cannot carry it by accident.
@@ -56,6 +56,11 @@ pub enum GitHubError {
     RepositoryNotAccessible(String),
     #[error("GitHub is not answering ({0})")]
     Unavailable(String),
+    #[error("GitHub limits this host's calls ({what}): retry in {retry_after} s")]
+    RateLimited {
+        what: &'static str,
+        retry_after: u64,
+    },
     #[error("GitHub refused {what} with {status}: {message}")]
     Refused {
         what: &'static str,

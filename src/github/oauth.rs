@@ -36,11 +36,51 @@ struct ListedInstallation {
     id: i64,
     account: Option<Account>,
     repository_selection: Option<String>,
+    suspended_at: Option<String>,
 }
 
 #[derive(Deserialize)]
 struct Account {
     login: String,
+    id: Option<i64>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+}
+
+/// `GET /user`: who the token's person is.
+#[derive(Deserialize)]
+struct UserBody {
+    id: i64,
+    login: String,
+}
+
+/// `GET /user/memberships/orgs/{org}`: the person's membership of an organisation.
+#[derive(Deserialize)]
+struct MembershipBody {
+    state: String,
+    role: String,
+}
+
+/// A person as GitHub names them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Person {
+    pub id: i64,
+    pub login: String,
+}
+
+/// What the person is in an organisation: `role` `admin` (an owner) or `member`, `state`
+/// `active` or `pending` (invited, not yet joined).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Membership {
+    pub role: String,
+    pub state: String,
+}
+
+impl Membership {
+    /// An owner who has joined: who administers the organisation's installations.
+    pub fn is_active_owner(&self) -> bool {
+        self.role == "admin" && self.state == "active"
+    }
 }
 
 impl GitHubApp {
@@ -115,10 +155,16 @@ impl GitHubApp {
                 other => return Err(refused(WHAT, other, &body)),
             }
             let page: InstallationsPage = parse(WHAT, &body)?;
-            found.extend(page.installations.into_iter().map(|i| Installation {
-                id: i.id,
-                account: i.account.map(|a| a.login),
-                repository_selection: i.repository_selection,
+            found.extend(page.installations.into_iter().map(|i| {
+                let on_user = i.account.as_ref().and_then(|a| a.kind.as_deref()) == Some("User");
+                Installation {
+                    id: i.id,
+                    account_id: i.account.as_ref().and_then(|a| a.id),
+                    account: i.account.map(|a| a.login),
+                    repository_selection: i.repository_selection,
+                    on_user,
+                    suspended: i.suspended_at.is_some(),
+                }
             }));
             next = next_link(&headers)
                 .map(|url| {
@@ -133,6 +179,58 @@ impl GitHubApp {
                 .transpose()?;
         }
         Ok(found)
+    }
+
+    /// `GET /user`: the person the token is theirs. Errors: `BadCode` when GitHub no longer
+    /// takes the token; `RateLimited`; `Unavailable`; `Refused`; `Unexpected`.
+    pub async fn user(&self, token: &UserToken) -> Result<Person, GitHubError> {
+        const WHAT: &str = "asking who the person is";
+        let (status, _, body) = self
+            .call_with_headers(WHAT, Method::GET, "/user", Credential::Token(&token.0))
+            .await?;
+        match status {
+            StatusCode::OK => {}
+            StatusCode::UNAUTHORIZED => return Err(GitHubError::BadCode(message_of(&body))),
+            other => return Err(refused(WHAT, other, &body)),
+        }
+        let user: UserBody = parse(WHAT, &body)?;
+        Ok(Person {
+            id: user.id,
+            login: user.login,
+        })
+    }
+
+    /// `GET /user/memberships/orgs/{org}`: the person's membership of organisation `org`;
+    /// `None` when they have none (GitHub answers 404, or 403 when the App may not read
+    /// memberships: said in the log, since the App then needs *Organization members: read*).
+    pub async fn membership(
+        &self,
+        token: &UserToken,
+        org: &str,
+    ) -> Result<Option<Membership>, GitHubError> {
+        const WHAT: &str = "asking for the person's membership of the organisation";
+        if org.is_empty() || !org.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Ok(None);
+        }
+        let path = format!("/user/memberships/orgs/{org}");
+        let (status, _, body) = self
+            .call_with_headers(WHAT, Method::GET, &path, Credential::Token(&token.0))
+            .await?;
+        match status {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Ok(None),
+            StatusCode::FORBIDDEN => {
+                tracing::warn!(org, message = %message_of(&body), "GitHub would not show the person's membership: give the App the Organization members (read) permission");
+                return Ok(None);
+            }
+            StatusCode::UNAUTHORIZED => return Err(GitHubError::BadCode(message_of(&body))),
+            other => return Err(refused(WHAT, other, &body)),
+        }
+        let membership: MembershipBody = parse(WHAT, &body)?;
+        Ok(Some(Membership {
+            role: membership.role,
+            state: membership.state,
+        }))
     }
 
     /// `DELETE /applications/{client_id}/token`: the user token stops working now. One GitHub

@@ -204,4 +204,47 @@ mod tests {
         let store = Store::open(&path).await.unwrap();
         assert_eq!(store.installation("acme").await.unwrap(), None);
     }
+
+    #[tokio::test]
+    async fn installations_proved_by_access_alone_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("narya.db");
+        let all = sqlx::migrate!("src/store/migrations");
+        let before_ownership = Migrator {
+            migrations: Cow::Owned(
+                all.migrations
+                    .iter()
+                    .filter(|m| m.version <= 3)
+                    .cloned()
+                    .collect(),
+            ),
+            ..Migrator::DEFAULT
+        };
+        let pool = SqlitePoolOptions::new()
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(&path)
+                    .create_if_missing(true),
+            )
+            .await
+            .unwrap();
+        before_ownership.run(&pool).await.unwrap();
+        sqlx::query("INSERT INTO github_installations VALUES ('acme', 7, 'acme', 't')")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        let store = Store::open(&path).await.unwrap();
+        assert_eq!(store.installation("acme").await.unwrap(), None);
+        // A connect after the upgrade is kept.
+        let connected = ConnectedInstallation {
+            installation_id: 7,
+            account: Some("acme".to_owned()),
+        };
+        store
+            .connect_installation("acme", &connected, "t")
+            .await
+            .unwrap();
+        assert_eq!(store.installation("acme").await.unwrap(), Some(7));
+    }
 }

@@ -74,6 +74,9 @@ pub(super) struct Shared {
     pub(super) git_requests: Mutex<Vec<GitRequest>>,
     pub(super) api_requests: Mutex<Vec<String>>,
     pub(super) refuse_git: AtomicBool,
+    /// `Some(seconds)`: the REST API answers as GitHub's secondary rate limit does (403 with
+    /// `retry-after`).
+    pub(super) rate_limit: Mutex<Option<u64>>,
     pub(super) git_delay: Mutex<Duration>,
     pub(super) oauth: Arc<OAuthState>,
 }
@@ -120,6 +123,7 @@ impl GitHubDouble {
             git_requests: Mutex::new(Vec::new()),
             api_requests: Mutex::new(Vec::new()),
             refuse_git: AtomicBool::new(false),
+            rate_limit: Mutex::new(None),
             git_delay: Mutex::new(Duration::ZERO),
             oauth: OAuthState::new(&url),
         });
@@ -178,9 +182,33 @@ impl GitHubDouble {
         )
     }
 
-    /// Person `login` can access `installations` (as a member of their accounts can).
+    /// Person `login` can access `installations` as an owner of their accounts (an active
+    /// admin of each organisation).
     pub fn grant(&self, login: &str, installations: &[i64]) {
         self.shared.oauth.grant(login, installations);
+    }
+
+    /// Person `login` sees `installations` listed, as an outside collaborator on one of their
+    /// repositories does, without any membership of their accounts.
+    pub fn grant_access(&self, login: &str, installations: &[i64]) {
+        self.shared.oauth.grant_access(login, installations);
+    }
+
+    /// Person `login`'s membership of organisation `org` (`role` `admin` or `member`, `state`
+    /// `active` or `pending`).
+    pub fn set_membership(&self, login: &str, org: &str, role: &str, state: &str) {
+        self.shared.oauth.set_membership(login, org, role, state);
+    }
+
+    /// An installation of the App on user `login`'s own account, selecting `selected`.
+    pub fn install_on_user(&self, id: i64, login: &str, selected: &[&str]) {
+        self.install(id, login, selected);
+        self.shared.oauth.note_user_installation(id, login);
+    }
+
+    /// GitHub suspends installation `id`.
+    pub fn suspend(&self, id: i64) {
+        self.shared.oauth.suspend(id);
     }
 
     /// A fresh one-time OAuth code of `login`'s, as GitHub hands it after an installation.
@@ -287,6 +315,17 @@ impl GitHubDouble {
     /// Every REST request so far, as `METHOD path`.
     pub fn api_requests(&self) -> Vec<String> {
         self.shared.api_requests.lock().unwrap().clone()
+    }
+
+    /// Every `/user…` request (who the person is, their memberships), as `METHOD path`.
+    pub fn user_requests(&self) -> Vec<String> {
+        self.shared.oauth.user_requests.lock().unwrap().clone()
+    }
+
+    /// Makes the REST API answer as GitHub's secondary rate limit does, asking for `seconds`
+    /// of rest (`None`: answers again).
+    pub fn rate_limit(&self, seconds: Option<u64>) {
+        *self.shared.rate_limit.lock().unwrap() = seconds;
     }
 
     /// Makes the git server refuse every token, as it would a forged or expired one.
@@ -501,6 +540,16 @@ async fn repository_installation(
         .lock()
         .unwrap()
         .push(format!("GET /repos/{owner}/{repo}/installation"));
+    if let Some(seconds) = *shared.rate_limit.lock().unwrap() {
+        let mut limited = github_error(
+            StatusCode::FORBIDDEN,
+            "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+        );
+        limited
+            .headers_mut()
+            .insert("retry-after", seconds.to_string().parse().unwrap());
+        return limited;
+    }
     if let Err((status, message)) = verify_app_jwt(&shared, &headers) {
         return github_error(status, message);
     }

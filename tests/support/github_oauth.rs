@@ -2,7 +2,9 @@
 //! one-time `code` GitHub hands them after installing the App, its exchange at
 //! `{git_url}/login/oauth/access_token` for a `ghu_` user token (codes are single-use; a bad one
 //! is answered 200 with an `error`, as GitHub does), `GET /user/installations` paginated by
-//! `Link` header, and `DELETE /applications/{client_id}/token` with the client's Basic
+//! `Link` header (accounts of organisations and of users, suspended installations), `GET /user`,
+//! `GET /user/memberships/orgs/{org}` (owners, members, pending invitations; 404 for an outside
+//! collaborator), and `DELETE /applications/{client_id}/token` with the client's Basic
 //! credentials.
 
 use std::collections::HashMap;
@@ -37,6 +39,16 @@ pub(super) struct OAuthState {
     api_url: String,
     /// Installation id → the account it belongs to.
     accounts: Mutex<HashMap<i64, String>>,
+    /// Installations on a user's account (the rest are on organisations').
+    on_users: Mutex<Vec<i64>>,
+    /// Installations GitHub suspended.
+    suspended: Mutex<Vec<i64>>,
+    /// (person, organisation) → (role, state) of the person's membership.
+    memberships: Mutex<HashMap<(String, String), (String, String)>>,
+    /// Person → their GitHub id.
+    ids: Mutex<HashMap<String, i64>>,
+    /// Every `/user…` request a user token made, as `METHOD path`.
+    pub(super) user_requests: Mutex<Vec<String>>,
     /// Person → the installations they can access.
     people: Mutex<HashMap<String, Vec<i64>>>,
     /// Unused code → its person.
@@ -52,6 +64,11 @@ impl OAuthState {
             client_secret: random_tail(),
             api_url: api_url.to_owned(),
             accounts: Mutex::new(HashMap::new()),
+            on_users: Mutex::new(Vec::new()),
+            suspended: Mutex::new(Vec::new()),
+            memberships: Mutex::new(HashMap::new()),
+            ids: Mutex::new(HashMap::new()),
+            user_requests: Mutex::new(Vec::new()),
             people: Mutex::new(HashMap::new()),
             codes: Mutex::new(HashMap::new()),
             user_tokens: Mutex::new(Vec::new()),
@@ -63,13 +80,54 @@ impl OAuthState {
         self.accounts.lock().unwrap().insert(id, account.to_owned());
     }
 
-    /// `login` can access `installations` (besides those granted before).
-    pub(super) fn grant(&self, login: &str, installations: &[i64]) {
+    /// Installation `id` is on user `login`'s own account.
+    pub(super) fn note_user_installation(&self, id: i64, login: &str) {
+        self.note_installation(id, login);
+        self.on_users.lock().unwrap().push(id);
+        self.grant_access(login, &[id]);
+    }
+
+    pub(super) fn suspend(&self, id: i64) {
+        self.suspended.lock().unwrap().push(id);
+    }
+
+    /// `login`'s GitHub id: stable for the double's life.
+    pub(super) fn user_id(&self, login: &str) -> i64 {
+        let mut ids = self.ids.lock().unwrap();
+        let next = 5000 + ids.len() as i64;
+        *ids.entry(login.to_owned()).or_insert(next)
+    }
+
+    /// `login` sees `installations` listed (as anyone with access to one of their repositories
+    /// does), and nothing more.
+    pub(super) fn grant_access(&self, login: &str, installations: &[i64]) {
         let mut people = self.people.lock().unwrap();
         let seen = people.entry(login.to_owned()).or_default();
         seen.extend_from_slice(installations);
         seen.sort_unstable();
         seen.dedup();
+    }
+
+    /// `login` can access `installations` as an owner of each one's account: an active admin
+    /// of the organisation (a user account's installation is its user's already).
+    pub(super) fn grant(&self, login: &str, installations: &[i64]) {
+        self.grant_access(login, installations);
+        let accounts = self.accounts.lock().unwrap().clone();
+        let on_users = self.on_users.lock().unwrap().clone();
+        for id in installations {
+            if let Some(account) = accounts.get(id).filter(|_| !on_users.contains(id)) {
+                self.set_membership(login, account, "admin", "active");
+            }
+        }
+    }
+
+    /// `login`'s membership of organisation `org`: `role` `admin` or `member`, `state`
+    /// `active` or `pending`.
+    pub(super) fn set_membership(&self, login: &str, org: &str, role: &str, state: &str) {
+        self.memberships.lock().unwrap().insert(
+            (login.to_owned(), org.to_owned()),
+            (role.to_owned(), state.to_owned()),
+        );
     }
 
     /// A fresh one-time code of `login`'s, as GitHub hands it after an installation.
@@ -108,6 +166,8 @@ pub(super) fn router(state: Arc<OAuthState>, git_prefix: &str) -> Router {
             post(exchange),
         )
         .route("/user/installations", get(installations))
+        .route("/user", get(user))
+        .route("/user/memberships/orgs/{org}", get(membership))
         .route("/applications/{client_id}/token", delete(revoke))
         .with_state(state)
 }
@@ -208,17 +268,32 @@ async fn installations(
         .cloned()
         .unwrap_or_default();
     let accounts = state.accounts.lock().unwrap().clone();
+    let on_users = state.on_users.lock().unwrap().clone();
+    let suspended = state.suspended.lock().unwrap().clone();
     let all: Vec<Value> = seen
         .iter()
         .filter_map(|id| {
             let account = accounts.get(id)?;
+            let (kind, account_id) = match on_users.contains(id) {
+                true => ("User", state.user_id(account)),
+                false => ("Organization", 1000 + id),
+            };
+            let (suspended_at, suspended_by) = match suspended.contains(id) {
+                true => (
+                    json!("2026-11-30T12:00:00Z"),
+                    json!({"login": "github-staff", "id": 1, "type": "User"}),
+                ),
+                false => (Value::Null, Value::Null),
+            };
             Some(json!({
                 "id": id,
-                "account": {"login": account, "id": 1000 + id, "type": "Organization"},
+                "account": {"login": account, "id": account_id, "type": kind},
                 "repository_selection": "selected",
                 "app_id": 4242,
-                "target_type": "Organization",
-                "permissions": {"contents": "read", "metadata": "read"},
+                "target_type": kind,
+                "permissions": {"contents": "read", "metadata": "read", "members": "read"},
+                "suspended_at": suspended_at,
+                "suspended_by": suspended_by,
             }))
         })
         .collect();
@@ -263,6 +338,70 @@ async fn installations(
             .insert(header::LINK, links.join(", ").parse().unwrap());
     }
     response
+}
+
+/// `GET /user`: the token's person.
+async fn user(State(state): State<Arc<OAuthState>>, headers: HeaderMap) -> Response {
+    state
+        .user_requests
+        .lock()
+        .unwrap()
+        .push("GET /user".to_owned());
+    if let Err((status, message)) = check_headers(&headers) {
+        return github_error(status, message);
+    }
+    let Some(login) = bearer(&headers).and_then(|t| state.live_login(t)) else {
+        return github_error(StatusCode::UNAUTHORIZED, "Bad credentials");
+    };
+    let id = state.user_id(&login);
+    Json(json!({
+        "login": login,
+        "id": id,
+        "node_id": format!("U_{id}"),
+        "type": "User",
+        "site_admin": false,
+        "url": format!("{}/users/{login}", state.api_url),
+    }))
+    .into_response()
+}
+
+/// `GET /user/memberships/orgs/{org}`: the token's person's membership, 404 when they have
+/// none (an outside collaborator has none).
+async fn membership(
+    State(state): State<Arc<OAuthState>>,
+    UrlPath(org): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    state
+        .user_requests
+        .lock()
+        .unwrap()
+        .push(format!("GET /user/memberships/orgs/{org}"));
+    if let Err((status, message)) = check_headers(&headers) {
+        return github_error(status, message);
+    }
+    let Some(login) = bearer(&headers).and_then(|t| state.live_login(t)) else {
+        return github_error(StatusCode::UNAUTHORIZED, "Bad credentials");
+    };
+    let found = state
+        .memberships
+        .lock()
+        .unwrap()
+        .get(&(login.clone(), org.clone()))
+        .cloned();
+    let Some((role, membership_state)) = found else {
+        return github_error(StatusCode::NOT_FOUND, "Not Found");
+    };
+    let id = state.user_id(&login);
+    Json(json!({
+        "url": format!("{}/orgs/{org}/memberships/{login}", state.api_url),
+        "state": membership_state,
+        "role": role,
+        "organization_url": format!("{}/orgs/{org}", state.api_url),
+        "organization": {"login": org, "type": "Organization"},
+        "user": {"login": login, "id": id, "type": "User"},
+    }))
+    .into_response()
 }
 
 async fn revoke(
