@@ -4,6 +4,7 @@
 mod app;
 mod clone;
 mod oauth;
+mod rate;
 
 use std::fmt;
 
