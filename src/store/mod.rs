@@ -139,8 +139,12 @@ fn record_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EnvironmentRecord, S
             state,
             step: parsed(row, "setup_step")?,
             exit_code: row.try_get("setup_exit_code")?,
+            // Read as bytes: output is a tenant's, and a row holding bytes that are not UTF-8
+            // (written by an older daemon, or by hand) must not make its organisation's list
+            // fail; they read as U+FFFD.
             output: row
-                .try_get::<Option<String>, _>("setup_output")?
+                .try_get::<Option<Vec<u8>>, _>("setup_output")?
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
                 .unwrap_or_default(),
             output_truncated: row
                 .try_get::<Option<bool>, _>("setup_output_truncated")?

@@ -203,6 +203,22 @@ async fn a_row_that_does_not_parse_is_a_corrupt_store_error() {
     }
 }
 
+#[tokio::test]
+async fn output_that_is_not_utf8_reads_lossily_and_never_fails_a_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+    store.insert(&record("demo", "acme")).await.unwrap();
+    sqlx::query("UPDATE environments SET setup_output = CAST(? AS TEXT)")
+        .bind(b"ok \xff\xfe done".to_vec())
+        .execute(&store.pool)
+        .await
+        .unwrap();
+    let listed = store.list("acme").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    let output = &listed[0].setup.as_ref().unwrap().output;
+    assert_eq!(output, "ok \u{fffd}\u{fffd} done");
+}
+
 /// The next status change `subscription` was told of, at once (the store publishes as it writes).
 fn told(
     subscription: &mut crate::events::Subscription,
