@@ -25,6 +25,9 @@ pub struct Setup<'a> {
     /// `[limits] disk`; `None`: the contract's default where the host can hold it (the state
     /// on the quota filesystem, [`state_root`]), else `"unbounded"`.
     pub disk: Option<&'a str>,
+    /// Deleted environments with large rows written into the store before the daemon starts
+    /// (`bench::rows`); 0 for every row but the memory-with-rows one.
+    pub rows: usize,
 }
 
 /// The btrfs filesystem with quotas the test services mount (`NARYA_TEST_STATE_ROOT`), where
@@ -99,6 +102,10 @@ impl Daemon {
             pool = setup.pool,
             disk = quote(disk),
         );
+        if setup.rows > 0 {
+            crate::bench::seed_rows(&state.join("narya.db"), setup.rows).await?;
+            std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        }
         let config_path = dir.path().join("naryad.toml");
         std::fs::write(&config_path, config).context("cannot write the daemon's configuration")?;
         let log = setup.log.as_ref().map_or_else(

@@ -320,6 +320,7 @@ async fn run(args: Args) -> Result<bool> {
                 .map(|d| d.join(format!("naryad-{}.log", backend.name()))),
             pool: 0,
             disk: None,
+            rows: 0,
         };
         // The daemon measured throughout isolates its machines (the default); a second one, on
         // the host's network, shows what that costs.
@@ -409,12 +410,36 @@ async fn run(args: Args) -> Result<bool> {
             }
             Some(measured)
         };
+        let rows = if interrupted {
+            None
+        } else {
+            eprintln!("== {} with large rows in the store", backend.name());
+            let setup = Setup {
+                log: args
+                    .log_dir
+                    .as_ref()
+                    .map(|d| d.join(format!("naryad-{}-rows.log", backend.name()))),
+                ..setup
+            };
+            let prefix = format!("nb{}{}r-", std::process::id(), &backend.name()[..1]);
+            let loaded = if plan.short {
+                bench::ROWS / 10
+            } else {
+                bench::ROWS
+            };
+            let measured = bench::measure_rows(&setup, backend, &token, &prefix, loaded).await;
+            if let Err(e) = &measured {
+                eprintln!("narya-bench: {} with large rows: {e}", backend.name());
+            }
+            Some(measured)
+        };
         outcomes.push(Outcome {
             backend,
             runtime_version,
             result,
             pool,
             disk,
+            rows,
         });
         if interrupted {
             break;
@@ -443,7 +468,9 @@ async fn run(args: Args) -> Result<bool> {
         Some(Ok(p)) => p.burst.ours_errors > 0 || p.burst.raw_errors > 0,
         Some(Err(_)) => true,
         None => false,
-    }) || outcomes.iter().any(|o| matches!(o.disk, Some(Err(_))));
+    }) || outcomes
+        .iter()
+        .any(|o| matches!(o.disk, Some(Err(_))) || matches!(o.rows, Some(Err(_))));
     if errors {
         eprintln!("narya-bench: something failed (see above); exiting non-zero");
     }

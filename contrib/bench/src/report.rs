@@ -8,6 +8,7 @@ use crate::stats::{ms, spread};
 
 mod disk;
 mod pool;
+mod rows;
 
 /// What ran where.
 pub struct Context {
@@ -35,6 +36,8 @@ pub struct Outcome {
     /// Create with `[limits] disk` (ours) against without (raw), from two daemons of their own;
     /// `None` when it did not run.
     pub disk: Option<Result<crate::bench::Pair, String>>,
+    /// The daemon's memory with large rows in its store; `None` when it did not run.
+    pub rows: Option<Result<crate::bench::RowsReport, String>>,
 }
 
 pub const CREATE_RATIO: f64 = 1.10;
@@ -204,6 +207,7 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
     }
     all.extend(pool::verdicts(outcomes));
     all.extend(disk::verdicts(outcomes));
+    all.extend(rows::verdicts(outcomes));
     all
 }
 
@@ -253,6 +257,7 @@ fn targets(plan: &Plan) -> Vec<String> {
     all.push(OUTPUT_TARGET.to_owned());
     all.extend(pool::TARGETS.iter().map(|t| (*t).to_owned()));
     all.extend(disk::TARGETS.iter().map(|t| (*t).to_owned()));
+    all.extend(rows::TARGETS.iter().map(|t| (*t).to_owned()));
     all
 }
 
@@ -405,6 +410,7 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
     }
     t.push_str(&pool::rows(outcomes, &verdicts));
     t.push_str(&disk::rows(outcomes, &verdicts));
+    t.push_str(&rows::rows(outcomes, &verdicts));
     t
 }
 
@@ -583,6 +589,7 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
     );
     d.push_str(pool::METHOD);
     d.push_str(disk::METHOD);
+    d.push_str(rows::METHOD);
     d.push('\n');
     d.push_str("Raw commands:\n\n");
     for outcome in outcomes {
@@ -631,6 +638,7 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
         .into_iter()
         .chain(pool::failures(outcomes))
         .chain(disk::failures(outcomes))
+        .chain(rows::failures(outcomes))
         .collect();
     if !failures.is_empty() {
         d.push_str("\n## Failures\n\n");

@@ -74,7 +74,7 @@ pub(super) fn failures(outcomes: &[Outcome]) -> Vec<String> {
 }
 
 pub const METHOD: &str = "- **disk bound**: two more `naryad` per back end, both with their state \
-on the test services' btrfs filesystem with simple quotas, isolated networking and no pool: one \
+on the test services' btrfs filesystem with simple quotas, on the host's network and with no pool: one \
 with `[limits] disk = \"10GiB\"` (each workspace made a subvolume heading a quota group, the \
 machine's writable layer made a subvolume in it before the machine starts), one with `disk = \
 \"unbounded\"`; a setup-less create on each (`201`, `ready`), deleted again, alternated. Not run \
