@@ -1,7 +1,9 @@
 //! The daemon's memory with a store full of large rows: 10 000 deleted environments, each with
 //! a 64 KiB setup script and 64 KiB of output that is not UTF-8, kept for their retention, as
 //! create/delete churn leaves them. The reconciler's passes and the sweeps read summaries of
-//! the rows, so the daemon's peak stays near that of a daemon with an empty store.
+//! the rows, so the daemon's peak stays near that of a daemon with an empty store. The rows are
+//! another organisation's (`churn`) than the one measuring: what is measured is what every
+//! organisation pays for one organisation's churn, not that organisation's own list of them.
 
 use std::path::Path;
 use std::time::Duration;
@@ -45,7 +47,7 @@ pub async fn seed(database: &Path, rows: usize) -> Result<()> {
             "INSERT INTO environments (id, organisation, person, fingerprint, setup_script, \
              image_digest, setup_recorded, status, status_detail, setup_state, setup_step, \
              setup_output, setup_started_at, setup_finished_at, created_at, updated_at, \
-             deleted_at, machine) VALUES (?, 'bench', 'ada', 'f', ?, ?, 1, 'gone', 'deleted', \
+             deleted_at, machine) VALUES (?, 'churn', 'ada', 'f', ?, ?, 1, 'gone', 'deleted', \
              'failed', 'setup', CAST(? AS TEXT), 't', 't', 't', 't', ?, ?)",
         )
         .bind(format!("churn-{n}"))

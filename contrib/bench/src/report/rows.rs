@@ -80,6 +80,6 @@ pub(super) fn failures(outcomes: &[Outcome]) -> Vec<String> {
 
 pub const METHOD: &str = "- **memory with large rows**: two more `naryad` per back end on the \
 host's network with no pool: one on an empty store, one whose store was seeded before it \
-started with 10 000 deleted environments (64 KiB setup scripts, 64 KiB of output that is not \
-UTF-8, within their retention, as churn leaves them); each makes one environment, runs 10 s \
-(five of the reconciler's full passes), and its VmHWM is read.\n";
+started with 10 000 deleted environments of another organisation (64 KiB setup scripts, 64 KiB \
+of output that is not UTF-8, within their retention, as churn leaves them); each makes one \
+environment, runs 10 s (five of the reconciler's full passes), and its VmHWM is read.\n";
