@@ -264,42 +264,7 @@ async fn ten_thousand_large_rows_leave_the_daemons_memory_flat() {
     let Some(mut host) = Host::start_on(Backend::Containerd, "[pool]\nsize = 0\n").await else {
         return;
     };
-    host.daemon.terminate();
-    let database = host.daemon.dir.path().join("state/narya.db");
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", database.display()))
-        .await
-        .unwrap();
-    let script = "#".repeat(65536);
-    // Not valid UTF-8 once read back as text: what a tenant's output may hold.
-    let output = vec![0xffu8; 65536];
-    let deleted_at = support::now() as i64;
-    let mut batch = pool.begin().await.unwrap();
-    for n in 0..10_000 {
-        sqlx::query(
-            "INSERT INTO environments (id, organisation, person, fingerprint, setup_script, \
-             image_digest, setup_recorded, status, status_detail, setup_state, setup_step, \
-             setup_output, setup_started_at, setup_finished_at, created_at, updated_at, \
-             deleted_at, machine) VALUES (?, 'acme', 'ada', 'f', ?, ?, 1, 'gone', 'deleted', \
-             'failed', 'setup', CAST(? AS TEXT), 't', 't', 't', 't', ?, ?)",
-        )
-        .bind(format!("churn-{n}"))
-        .bind(&script)
-        .bind(format!("sha256:{}", "a".repeat(64)))
-        .bind(&output)
-        .bind(deleted_at)
-        .bind(format!("narya-churn-{n}"))
-        .execute(&mut *batch)
-        .await
-        .unwrap();
-    }
-    batch.commit().await.unwrap();
-    // Written into the database itself, as a daemon that ran for a while leaves it.
-    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
-
+    seed_churn(&mut host, 10_000, "acme").await;
     host.daemon.restart();
     let pid = host.daemon.pid().unwrap();
     // Several full passes of the reconciler, and a create, over the rows.
@@ -316,4 +281,74 @@ async fn ten_thousand_large_rows_leave_the_daemons_memory_flat() {
         peak >> 20
     );
     delete(&host.acme(), &id).await;
+}
+
+/// Stops `host`'s daemon and writes `rows` deleted environments of `organisation` into its
+/// store, each with a 64 KiB setup script and 64 KiB of output that is not UTF-8, as a daemon
+/// that ran for a while leaves them; the caller starts it again.
+async fn seed_churn(host: &mut Host, rows: usize, organisation: &str) {
+    host.daemon.terminate();
+    let database = host.daemon.dir.path().join("state/narya.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", database.display()))
+        .await
+        .unwrap();
+    let script = "#".repeat(65536);
+    // Not valid UTF-8 once read back as text: what a tenant's output may hold.
+    let output = vec![0xffu8; 65536];
+    let deleted_at = support::now() as i64;
+    let mut batch = pool.begin().await.unwrap();
+    for n in 0..rows {
+        sqlx::query(
+            "INSERT INTO environments (id, organisation, person, fingerprint, setup_script, \
+             image_digest, setup_recorded, status, status_detail, setup_state, setup_step, \
+             setup_output, setup_started_at, setup_finished_at, created_at, updated_at, \
+             deleted_at, machine) VALUES (?, ?, 'ada', 'f', ?, ?, 1, 'gone', 'deleted', \
+             'failed', 'setup', CAST(? AS TEXT), 't', 't', 't', 't', ?, ?)",
+        )
+        .bind(format!("churn-{n}"))
+        .bind(organisation)
+        .bind(&script)
+        .bind(format!("sha256:{}", "a".repeat(64)))
+        .bind(&output)
+        .bind(deleted_at)
+        .bind(format!("narya-churn-{n}"))
+        .execute(&mut *batch)
+        .await
+        .unwrap();
+    }
+    batch.commit().await.unwrap();
+    // Written into the database itself, as a daemon that ran for a while leaves it.
+    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+}
+
+/// An organisation's own list of 2 000 deleted environments with 64 KiB outputs (400 MB of
+/// JSON) is answered whole, a page at a time: the daemon's peak stays under 100 MB.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_of_many_large_rows_is_answered_a_page_at_a_time() {
+    let Some(mut host) = Host::start_on(Backend::Containerd, "[pool]\nsize = 0\n").await else {
+        return;
+    };
+    seed_churn(&mut host, 2_000, "acme").await;
+    host.daemon.restart();
+    let pid = host.daemon.pid().unwrap();
+    let listed = list(&host.acme()).await;
+    assert_eq!(listed.len(), 2_000);
+    assert!(listed.iter().all(|e| e["status"] == "gone"));
+    let output = listed[0]["setup"]["output"].as_str().unwrap_or_default();
+    assert!(
+        output.starts_with('\u{fffd}'),
+        "{}",
+        &output[..16.min(output.len())]
+    );
+    let peak = peak_rss(pid);
+    eprintln!("peak RSS listing 2 000 large rows: {} MiB", peak >> 20);
+    assert!(
+        peak < 100 << 20,
+        "the daemon's peak RSS reached {} MiB",
+        peak >> 20
+    );
 }

@@ -6,6 +6,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::extract::{IdPath, JsonBody};
+use futures_util::StreamExt;
+
 use super::types::{CreateBody, EnvironmentList, EnvironmentView, ExecBody, ExecResult};
 use super::{stream, ApiError, AppState, ErrorBody};
 use crate::auth::Principal;
@@ -78,11 +80,86 @@ pub async fn get(
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
-) -> Result<Json<EnvironmentList>, ApiError> {
-    let records = state.environments.list(&principal).await?;
-    Ok(Json(EnvironmentList {
-        environments: records.iter().map(EnvironmentView::from).collect(),
-    }))
+) -> Result<Response, ApiError> {
+    // The first page is read before answering, so a store that fails is an error answer.
+    let first = state
+        .environments
+        .list_page(&principal, None, LIST_PAGE)
+        .await?;
+    let pages = futures_util::stream::unfold(ListPages::First(first), move |page| {
+        let state = state.clone();
+        let principal = principal.clone();
+        async move { page.next(&state, &principal).await }
+    });
+    let body = futures_util::stream::once(std::future::ready(Ok::<_, std::io::Error>(
+        axum::body::Bytes::from_static(b"{\"environments\":["),
+    )))
+    .chain(pages)
+    .chain(futures_util::stream::once(std::future::ready(Ok(
+        axum::body::Bytes::from_static(b"]}"),
+    ))));
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response())
+}
+
+/// Environments a list reads at a time: its answer holds one page of rows in memory (their
+/// outputs are each bounded by `environment.output_limit`), however many the organisation has.
+const LIST_PAGE: u32 = 32;
+
+/// Where a list's answer is: at a page in hand, after the id it read last, or done.
+enum ListPages {
+    First(Vec<crate::store::EnvironmentRecord>),
+    After(crate::model::EnvironmentId),
+    Done,
+}
+
+impl ListPages {
+    /// The next piece of the answer (a page of views, comma-separated and led by a comma but for
+    /// the first), and where the list is then.
+    async fn next(
+        self,
+        state: &AppState,
+        principal: &Principal,
+    ) -> Option<(Result<axum::body::Bytes, std::io::Error>, ListPages)> {
+        let (records, first) = match self {
+            ListPages::Done => return None,
+            ListPages::First(records) => (records, true),
+            ListPages::After(after) => {
+                match state
+                    .environments
+                    .list_page(principal, Some(&after), LIST_PAGE)
+                    .await
+                {
+                    Ok(records) => (records, false),
+                    Err(e) => {
+                        // The status is sent: the answer ends short, which no JSON reader takes
+                        // for a whole list.
+                        tracing::error!(error = %e, "a list failed after its first page");
+                        return Some((Err(std::io::Error::other(e.to_string())), ListPages::Done));
+                    }
+                }
+            }
+        };
+        // An empty page: the list is done.
+        let last = records.last().map(|r| r.id.clone())?;
+        let mut bytes = Vec::new();
+        for (n, record) in records.iter().enumerate() {
+            if !(first && n == 0) {
+                bytes.push(b',');
+            }
+            if let Err(e) = serde_json::to_writer(&mut bytes, &EnvironmentView::from(record)) {
+                return Some((Err(std::io::Error::other(e)), ListPages::Done));
+            }
+        }
+        let next = match records.len() < LIST_PAGE as usize {
+            true => ListPages::Done,
+            false => ListPages::After(last),
+        };
+        Some((Ok(bytes.into()), next))
+    }
 }
 
 /// Destroy an environment's machine and workspace; its record answers `gone` for a while.

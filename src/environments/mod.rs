@@ -173,6 +173,23 @@ impl Environments {
         Ok(self.store.list(&principal.organisation).await?)
     }
 
+    /// Up to `limit` environments of `principal`'s organisation after id `after`, by id.
+    pub async fn list_page(
+        &self,
+        principal: &Principal,
+        after: Option<&EnvironmentId>,
+        limit: u32,
+    ) -> Result<Vec<EnvironmentRecord>, EnvironmentError> {
+        Ok(self
+            .store
+            .list_page(
+                &principal.organisation,
+                after.map(EnvironmentId::as_str),
+                limit,
+            )
+            .await?)
+    }
+
     fn workspace(&self, id: &EnvironmentId) -> PathBuf {
         self.config.workspaces_dir().join(id.as_str())
     }

@@ -316,6 +316,29 @@ impl Store {
         rows.iter().map(record_from_row).collect()
     }
 
+    /// Up to `limit` environments of `organisation` whose ids sort after `after` (all, when
+    /// `None`), by id: a list read a page at a time, so answering it holds one page however
+    /// many rows the organisation has and whatever they hold.
+    pub async fn list_page(
+        &self,
+        organisation: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<EnvironmentRecord>, StoreError> {
+        let columns = COLUMNS.replace("setup_script", "NULL AS setup_script");
+        let sql = format!(
+            "SELECT {columns} FROM environments WHERE organisation = ? AND id > ? \
+             ORDER BY id LIMIT ?"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(organisation)
+            .bind(after.unwrap_or(""))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(record_from_row).collect()
+    }
+
     /// Every environment on this host that is not deleted, of every organisation, summarised:
     /// for the reconciler and the sweeps only, which compare them with the runtime and never
     /// show them to anyone. Read a row at a time, so a pass costs the summaries alone, however

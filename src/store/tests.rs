@@ -204,6 +204,40 @@ async fn a_row_that_does_not_parse_is_a_corrupt_store_error() {
 }
 
 #[tokio::test]
+async fn a_list_read_page_by_page_is_the_whole_list_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
+    for n in 0..70 {
+        store
+            .insert(&record(&format!("env-{n:03}"), "acme"))
+            .await
+            .unwrap();
+    }
+    store
+        .insert(&record("env-foreign", "globex"))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store.list_page("acme", after.as_deref(), 32).await.unwrap();
+        assert!(page.len() <= 32);
+        let Some(last) = page.last() else { break };
+        after = Some(last.id.to_string());
+        seen.extend(page.into_iter().map(|r| r.id.to_string()));
+    }
+    let whole: Vec<String> = store
+        .list("acme")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id.to_string())
+        .collect();
+    assert_eq!(seen.len(), 70);
+    assert_eq!(seen, whole, "the pages, in order, are the list");
+}
+
+#[tokio::test]
 async fn output_that_is_not_utf8_reads_lossily_and_never_fails_a_list() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("narya.db")).await.unwrap();
