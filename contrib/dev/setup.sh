@@ -20,7 +20,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   protobuf-compiler containerd runc docker.io docker-registry mmdebstrap skopeo \
-  podman openssl ca-certificates curl git iproute2 iptables containernetworking-plugins btrfs-progs >/dev/null
+  podman openssl ca-certificates curl git iproute2 iptables containernetworking-plugins btrfs-progs python3 >/dev/null
 
 echo "== services"
 contrib/dev/services.sh start
