@@ -307,9 +307,12 @@ fn into_subvolume(dir: &Path) -> io::Result<u64> {
     }
     drop(opened);
     let (parent, name) = split(dir)?;
-    let mut aside_name = name.to_owned();
-    aside_name.push(".narya-moving");
-    let aside = parent.join(&aside_name);
+    // Aside one level up, out of the directory of layers: containerd's snapshotter removes
+    // whatever it finds there that it does not know (its cleanup after a removal), which
+    // would take the layer away mid-move.
+    let mut aside_name = std::ffi::OsString::from("narya-moving-");
+    aside_name.push(name);
+    let aside = parent.parent().unwrap_or(parent).join(&aside_name);
     let mut budget = MAX_LAYER_ENTRIES;
     count(dir, &mut budget, 0)?;
     std::fs::rename(dir, &aside)?;
