@@ -309,13 +309,20 @@ fn into_subvolume(dir: &Path) -> io::Result<u64> {
     let (parent, name) = split(dir)?;
     // Aside one level up, out of the directory of layers: containerd's snapshotter removes
     // whatever it finds there that it does not know (its cleanup after a removal), which
-    // would take the layer away mid-move.
+    // would take the layer away mid-move. Where the directory of layers is a mount of its own
+    // (Podman's `overlay`, which has no such cleanup), beside the layer instead.
     let mut aside_name = std::ffi::OsString::from("narya-moving-");
     aside_name.push(name);
-    let aside = parent.parent().unwrap_or(parent).join(&aside_name);
     let mut budget = MAX_LAYER_ENTRIES;
     count(dir, &mut budget, 0)?;
-    std::fs::rename(dir, &aside)?;
+    let mut aside = parent.parent().unwrap_or(parent).join(&aside_name);
+    if let Err(e) = std::fs::rename(dir, &aside) {
+        if e.raw_os_error() != Some(nix::libc::EXDEV) {
+            return Err(e);
+        }
+        aside = parent.join(&aside_name);
+        std::fs::rename(dir, &aside)?;
+    }
     let made = make_subvolume(parent, name).and_then(|id| {
         copy_tree(&aside, dir, 0)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
