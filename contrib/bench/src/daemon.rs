@@ -79,6 +79,8 @@ impl Daemon {
         // before it lists the environments it keeps, and the list is measured at its size.
         // `nofile` stays within any CI host's hard limit (the default 65536 is refused above it).
         // No pool but for the pool's rows: the others measure a create that starts its machine.
+        // The one organisation measuring holds hundreds of environments at once: its share is
+        // raised past them.
         let config = format!(
             "state_dir = {state}\n\n\
              [listen]\nsocket = {socket}\n\n\
@@ -89,6 +91,7 @@ impl Daemon {
              [image]\nreference = {image}\n\n\
              [environment]\ngone_retention = \"1s\"\nnetwork = {network}\n\n\
              [limits]\nnofile = 1024\ndisk = {disk}\n\n\
+             [organisation]\nmax_environments = 100000\n\n\
              [pool]\nsize = {pool}\n",
             state = quote(&state.display().to_string()),
             socket = quote(&socket.display().to_string()),

@@ -95,7 +95,9 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
         let Ok(r) = &outcome.result else {
             // The pool's rows come from a daemon of their own and say for themselves.
             let own = targets(plan).into_iter().filter(|t| {
-                !pool::TARGETS.contains(&t.as_str()) && !disk::TARGETS.contains(&t.as_str())
+                !pool::TARGETS.contains(&t.as_str())
+                    && !disk::TARGETS.contains(&t.as_str())
+                    && !rows::TARGETS.contains(&t.as_str())
             });
             for target in own {
                 all.push(Verdict {
