@@ -133,7 +133,17 @@ impl Docker {
     /// project of `workspace`, bounded like it, when the workspace has one: the engine's
     /// overlay `UpperDir` and `WorkDir`, as its inspection names them on this host.
     async fn bound_layer(&self, client: &Client, container: &str, workspace: &Path) -> Result<()> {
-        if crate::disk::group(workspace).ok().flatten().is_none() {
+        let bounded = crate::disk::group(workspace).map_err(|e| {
+            RuntimeError::caused(
+                ErrorKind::Other,
+                format!(
+                    "reading the disk bound of workspace {}",
+                    workspace.display()
+                ),
+                e,
+            )
+        })?;
+        if bounded.is_none() {
             return Ok(());
         }
         let inspected = client

@@ -331,6 +331,23 @@ async fn the_writable_layer_shares_the_workspaces_disk_bound(
     })?;
     check(seen.get("after").is_some_and(|v| v != "0"), || {
         format!("the workspace still took writes once the layer had the whole bound: {t:?}")
+    })?;
+    // A subvolume made inside the workspace would split its tree; the filter refuses the ioctl
+    // (BTRFS_IOC_SUBVOL_CREATE) with EPERM, where btrfs itself would let the user make one.
+    let out = c
+        .sh(
+            &id,
+            &format!(
+                "perl -MFcntl -e 'sysopen(my $d, \"{}\", O_RDONLY|O_DIRECTORY) or die $!; \
+                 my $args = pack(\"q\", 0) . \"sub\" . (\"\\0\" x 4085); \
+                 print ioctl($d, 0x5000940e, $args) ? \"made\" : \"errno=\" . ($!+0), \"\\n\"'",
+                c.fixture.mount_point
+            ),
+        )
+        .await?;
+    let t = text(&out);
+    check(t.trim() == "errno=1", || {
+        format!("making a subvolume in the workspace was not refused with EPERM: {t:?}")
     })
 }
 
