@@ -7,17 +7,9 @@ mod support;
 use std::process::Command;
 
 use hyper::{Method, StatusCode};
-use narya::client::Client;
 use serde_json::{json, Value};
 use support::e2e::{body, create, unique_id, Backend, Host};
-use support::github::{connect_with_code, GitHubDouble};
-
-async fn show(client: &Client) -> narya::client::Answer {
-    client
-        .send(Method::GET, "/v1/organisation/github", None)
-        .await
-        .unwrap()
-}
+use support::github::{assert_refused, connect_with_code, show, GitHubDouble};
 
 /// `narya github ARGS…` as `organisation`.
 fn cli(host: &Host, organisation: &str, args: &[&str]) -> std::process::Output {
@@ -29,18 +21,6 @@ fn cli(host: &Host, organisation: &str, args: &[&str]) -> std::process::Output {
         .env("NARYA_TOKEN", host.token(organisation))
         .output()
         .expect("narya runs")
-}
-
-fn assert_refused(answer: &narya::client::Answer, status: StatusCode, code: &str) -> String {
-    assert_eq!(
-        answer.status,
-        status,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    let error = answer.error().unwrap();
-    assert_eq!(error.code, code, "{}", error.message);
-    error.message
 }
 
 async fn a_code_of_a_person_who_cannot_see_the_installation_proves_nothing(backend: Backend) {

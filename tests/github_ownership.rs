@@ -10,34 +10,15 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use hyper::{Method, StatusCode};
+use hyper::StatusCode;
 use narya::client::{Answer, Client};
 use serde_json::json;
 use support::e2e::{body, create, unique_id, Backend, Host};
-use support::github::{connect_with_code, GitHubDouble};
+use support::github::{assert_refused, connect_with_code, show, GitHubDouble};
 
 /// What the daemon's bucket holds and how fast it refills (`narya::organisation`).
 const BUCKET: usize = narya::organisation::BUCKET_SIZE as usize;
 const REFILL: Duration = narya::organisation::REFILL;
-
-async fn show(client: &Client) -> Answer {
-    client
-        .send(Method::GET, "/v1/organisation/github", None)
-        .await
-        .unwrap()
-}
-
-fn refused(answer: &Answer, status: StatusCode, code: &str) -> String {
-    assert_eq!(
-        answer.status,
-        status,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    let error = answer.error().unwrap();
-    assert_eq!(error.code, code, "{}", error.message);
-    error.message
-}
 
 /// Connects `client`'s organisation to `installation` with a fresh code of `login`'s.
 async fn connect(double: &GitHubDouble, client: &Client, login: &str, installation: i64) -> Answer {
@@ -66,15 +47,15 @@ async fn only_an_active_owner_of_the_organisation_connects_its_installation() {
         ("pat", "not accepted"),
     ] {
         let answer = connect(&double, &globex, login, 7).await;
-        let message = refused(&answer, StatusCode::FORBIDDEN, "NRY-0052");
+        let message = assert_refused(&answer, StatusCode::FORBIDDEN, "NRY-0052");
         assert!(
             message.contains(why) && message.contains("acme"),
             "{login}: {message}"
         );
-        refused(&show(&globex).await, StatusCode::NOT_FOUND, "NRY-0030");
+        assert_refused(&show(&globex).await, StatusCode::NOT_FOUND, "NRY-0030");
         let id = unique_id("unbound");
         let denied = create(&globex, json!({"id": id, "repository": "acme/app"})).await;
-        refused(&denied, StatusCode::FORBIDDEN, "NRY-0050");
+        assert_refused(&denied, StatusCode::FORBIDDEN, "NRY-0050");
     }
     let acme = host.acme();
     let owned = connect(&double, &acme, "olga", 7).await;
@@ -103,7 +84,7 @@ async fn only_an_active_owner_of_the_organisation_connects_its_installation() {
     double.grant("olga", &[8]);
     double.suspend(8);
     let suspended = connect(&double, &globex, "olga", 8).await;
-    let message = refused(&suspended, StatusCode::FORBIDDEN, "NRY-0052");
+    let message = assert_refused(&suspended, StatusCode::FORBIDDEN, "NRY-0052");
     assert!(message.contains("suspended"), "{message}");
 }
 
@@ -118,9 +99,9 @@ async fn a_user_accounts_installation_is_connected_by_that_user_only() {
     };
     let globex = host.client("globex");
     let taken = connect(&double, &globex, "victor", 11).await;
-    let message = refused(&taken, StatusCode::FORBIDDEN, "NRY-0052");
+    let message = assert_refused(&taken, StatusCode::FORBIDDEN, "NRY-0052");
     assert!(message.contains("another user"), "{message}");
-    refused(&show(&globex).await, StatusCode::NOT_FOUND, "NRY-0030");
+    assert_refused(&show(&globex).await, StatusCode::NOT_FOUND, "NRY-0030");
     let acme = host.acme();
     let own = connect(&double, &acme, "ursula", 11).await;
     assert_eq!(
@@ -166,10 +147,10 @@ async fn a_flood_of_refused_creates_spends_at_most_the_organisations_bucket() {
         let answer = create(&acme, json!({"id": id, "repository": "acme/secret"})).await;
         answers.push(answer.status);
         if answer.status == StatusCode::TOO_MANY_REQUESTS {
-            let message = refused(&answer, StatusCode::TOO_MANY_REQUESTS, "NRY-0070");
+            let message = assert_refused(&answer, StatusCode::TOO_MANY_REQUESTS, "NRY-0070");
             assert!(message.contains("retry in"), "{message}");
         } else {
-            refused(&answer, StatusCode::FORBIDDEN, "NRY-0051");
+            assert_refused(&answer, StatusCode::FORBIDDEN, "NRY-0051");
         }
     }
     let elapsed = started.elapsed();
@@ -196,7 +177,7 @@ async fn a_flood_of_refused_creates_spends_at_most_the_organisations_bucket() {
     );
     let id = unique_id("globex-refused");
     let refused_once = create(&globex, json!({"id": id, "repository": "globex/other"})).await;
-    refused(&refused_once, StatusCode::FORBIDDEN, "NRY-0051");
+    assert_refused(&refused_once, StatusCode::FORBIDDEN, "NRY-0051");
 }
 
 /// GitHub's own rate limit (a 403 with `retry-after`) answers `503 NRY-0060` saying when to
@@ -215,7 +196,7 @@ async fn githubs_rate_limit_answers_503_saying_when_to_retry() {
     double.rate_limit(Some(42));
     let id = unique_id("limited");
     let limited = create(&acme, json!({"id": id, "repository": "acme/app"})).await;
-    let message = refused(&limited, StatusCode::SERVICE_UNAVAILABLE, "NRY-0060");
+    let message = assert_refused(&limited, StatusCode::SERVICE_UNAVAILABLE, "NRY-0060");
     assert!(message.contains("retry in 42 s"), "{message}");
     assert_eq!(host.machines_labelled(&id).await, 0, "nothing was made");
 }

@@ -172,16 +172,14 @@ mod tests {
         assert_eq!(store.installation(&winners[0]).await.unwrap(), Some(7));
     }
 
-    #[tokio::test]
-    async fn installations_connected_without_proof_are_forgotten() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("narya.db");
+    /// A database at `path` with the migrations up to `version` only, as an older daemon left it.
+    async fn migrated_to(path: &std::path::Path, version: i64) -> sqlx::SqlitePool {
         let all = sqlx::migrate!("src/store/migrations");
-        let before_proof = Migrator {
+        let older = Migrator {
             migrations: Cow::Owned(
                 all.migrations
                     .iter()
-                    .filter(|m| m.version <= 2)
+                    .filter(|m| m.version <= version)
                     .cloned()
                     .collect(),
             ),
@@ -190,12 +188,20 @@ mod tests {
         let pool = SqlitePoolOptions::new()
             .connect_with(
                 SqliteConnectOptions::new()
-                    .filename(&path)
+                    .filename(path)
                     .create_if_missing(true),
             )
             .await
             .unwrap();
-        before_proof.run(&pool).await.unwrap();
+        older.run(&pool).await.unwrap();
+        pool
+    }
+
+    #[tokio::test]
+    async fn installations_connected_without_proof_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("narya.db");
+        let pool = migrated_to(&path, 2).await;
         sqlx::query("INSERT INTO github_installations VALUES ('acme', 7, 't')")
             .execute(&pool)
             .await
@@ -209,26 +215,7 @@ mod tests {
     async fn installations_proved_by_access_alone_are_forgotten() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("narya.db");
-        let all = sqlx::migrate!("src/store/migrations");
-        let before_ownership = Migrator {
-            migrations: Cow::Owned(
-                all.migrations
-                    .iter()
-                    .filter(|m| m.version <= 3)
-                    .cloned()
-                    .collect(),
-            ),
-            ..Migrator::DEFAULT
-        };
-        let pool = SqlitePoolOptions::new()
-            .connect_with(
-                SqliteConnectOptions::new()
-                    .filename(&path)
-                    .create_if_missing(true),
-            )
-            .await
-            .unwrap();
-        before_ownership.run(&pool).await.unwrap();
+        let pool = migrated_to(&path, 3).await;
         sqlx::query("INSERT INTO github_installations VALUES ('acme', 7, 'acme', 't')")
             .execute(&pool)
             .await

@@ -787,3 +787,24 @@ async fn revoke_token(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> 
     }
     StatusCode::NO_CONTENT.into_response()
 }
+
+/// `GET /v1/organisation/github` as `client`'s organisation.
+pub async fn show(client: &Client) -> Answer {
+    client
+        .send(hyper::Method::GET, "/v1/organisation/github", None)
+        .await
+        .unwrap()
+}
+
+/// Asserts that `answer` is the refusal `status` with NRY code `code`; answers its message.
+pub fn assert_refused(answer: &Answer, status: hyper::StatusCode, code: &str) -> String {
+    assert_eq!(
+        answer.status,
+        status,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let error = answer.error().unwrap();
+    assert_eq!(error.code, code, "{}", error.message);
+    error.message
+}
