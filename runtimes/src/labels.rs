@@ -232,6 +232,7 @@ mod tests {
                 (LABEL_ENVIRONMENT.to_owned(), "forged".to_owned()),
                 (LABEL_MACHINE.to_owned(), "forged".to_owned()),
             ]),
+            layer: None,
         }
     }
 

@@ -213,6 +213,20 @@ pub struct MachineSpec {
     /// Labels added to Narya's own ([`LABEL_ENVIRONMENT`], [`LABEL_ORGANISATION`],
     /// [`LABEL_DIGEST`]), which win over these.
     pub labels: BTreeMap<String, String>,
+    /// `Some(name)`: the machine starts from the layer [`Runtime::commit`] kept under `name` on
+    /// top of `image` (a prebuild), instead of from `image` alone. Its labels still name
+    /// `image`'s digest.
+    pub layer: Option<String>,
+}
+
+/// A machine's writable layer kept by [`Runtime::commit`] as a layer of its own on top of the
+/// machine's pinned image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Committed {
+    /// The name it was kept under, as given to `commit`.
+    pub name: String,
+    /// What it holds, in bytes (the layer's archive, uncompressed).
+    pub bytes: u64,
 }
 
 /// One process to run inside a machine.
@@ -389,6 +403,30 @@ pub trait Runtime: Send + Sync {
     /// [`Change::Unknown`]), never the truth itself. Processes run with `run` ending are not
     /// changes to machines and are not reported. Errors: `Unavailable`.
     async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, Change>>;
+
+    /// Keeps machine `id`'s writable layer (never its workspace, `/tmp` or other mounts) as a
+    /// layer on top of its pinned image under `name`, for [`MachineSpec::layer`] to start
+    /// later machines from. The machine keeps running; what it writes meanwhile may or may not
+    /// be kept, so the caller runs nothing in it while it commits. A layer of that name kept
+    /// before is replaced. Errors: `NotFound` when there is no such machine; `Unavailable`;
+    /// `Other`, also from a back end that cannot commit.
+    async fn commit(&self, id: &str, name: &str) -> Result<Committed> {
+        let _ = name;
+        Err(RuntimeError::plain(
+            ErrorKind::Other,
+            format!(
+                "{}: cannot keep machine {id}'s layer (no commit)",
+                self.name()
+            ),
+        ))
+    }
+
+    /// Removes the layer kept under `name` by [`Runtime::commit`]. Idempotent: a missing one is
+    /// removed. Errors: `Unavailable`; `Other`, also while a machine still starts from it.
+    async fn remove_committed(&self, name: &str) -> Result<()> {
+        let _ = name;
+        Ok(())
+    }
 
     /// Starts a stopped machine again with its workspace. Idempotent on a running machine.
     /// A machine whose state the runtime cannot tell is left alone: `Unavailable`, never a

@@ -149,6 +149,7 @@ fn machine_spec(
         limits: support::test_limits(),
         pool: None,
         labels: BTreeMap::new(),
+        layer: None,
     }
 }
 
@@ -316,6 +317,7 @@ async fn two_hundred_isolated_creates_and_removes_leave_nothing_behind() {
             limits: support::test_limits(),
             pool: None,
             labels: Default::default(),
+            layer: None,
         };
         let made = runtime.create_machine(&spec).await;
         let removed = runtime.remove(&id).await;

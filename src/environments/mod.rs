@@ -21,6 +21,7 @@ mod error;
 mod exec;
 mod locks;
 mod pool;
+mod prebuild;
 mod progress;
 mod reconcile;
 mod replace;
@@ -83,6 +84,9 @@ pub struct Environments {
     /// The bound of each workspace and writable layer (`[limits] disk`); `None`: unbounded.
     quotas: Option<Arc<crate::disk::Quotas>>,
     metrics: Metrics,
+    /// Held to read while a create takes a prebuild, to write while prebuilds are removed:
+    /// none goes from under a create that found it.
+    prebuild_guard: tokio::sync::RwLock<()>,
 }
 
 impl Environments {
@@ -104,6 +108,7 @@ impl Environments {
             tasks: TaskTracker::new(),
             metrics: Metrics::default(),
             quotas: None,
+            prebuild_guard: tokio::sync::RwLock::new(()),
         }
     }
 
@@ -212,6 +217,7 @@ impl Environments {
             limits: self.config.limits.limits(),
             pool: None,
             labels: BTreeMap::new(),
+            layer: None,
         }
     }
 

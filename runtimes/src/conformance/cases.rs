@@ -136,6 +136,7 @@ impl Context<'_> {
             limits: self.fixture.limits,
             pool: None,
             labels: BTreeMap::new(),
+            layer: None,
         };
         self.runtime.create_machine(&spec).await?;
         Ok((id, workspace))
@@ -299,6 +300,7 @@ async fn create_on_an_existing_id_is_already_exists(c: &Context<'_>) -> Result<(
         limits: c.fixture.limits,
         pool: None,
         labels: BTreeMap::new(),
+        layer: None,
     };
     match c.runtime.create_machine(&spec).await {
         Err(RuntimeError::AlreadyExists { .. }) => {}

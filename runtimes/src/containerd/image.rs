@@ -23,6 +23,8 @@ use crate::{ErrorKind, Result, RuntimeError};
 #[derive(Clone, Debug)]
 pub(crate) struct LocalImage {
     pub name: String,
+    pub manifest: ImageManifest,
+    pub config_digest: Digest,
     pub config: ImageConfig,
     /// The chain id of the top layer: the parent of every machine's snapshot.
     pub top_chain: Digest,
@@ -31,6 +33,11 @@ pub(crate) struct LocalImage {
 /// The containerd image name for a pinned digest; the name itself pins it.
 pub(crate) fn image_name(digest: &Digest) -> String {
     format!("narya.local/official@{digest}")
+}
+
+/// The digest an [`image_name`] pins, if `name` is one.
+pub(crate) fn digest_of_name(name: &str) -> Option<Digest> {
+    name.strip_prefix("narya.local/official@")?.parse().ok()
 }
 
 fn descriptor(d: &Descriptor) -> GrpcDescriptor {
@@ -287,7 +294,17 @@ impl Containerd {
         if let Some(found) = self.images.lock().await.get(digest) {
             return Ok(found.clone());
         }
-        let name = image_name(digest);
+        let local = self.read_image(image_name(digest), digest).await?;
+        self.images
+            .lock()
+            .await
+            .insert(digest.clone(), local.clone());
+        Ok(local)
+    }
+
+    /// The image recorded as `name` with manifest `digest`, with its config and top snapshot,
+    /// if every part of it is there.
+    pub(crate) async fn read_image(&self, name: String, digest: &Digest) -> Result<LocalImage> {
         self.conn
             .images()
             .get(self.conn.request(GetImageRequest { name: name.clone() }))
@@ -316,15 +333,12 @@ impl Containerd {
             }))
             .await
             .map_err(|e| classify("checking the image's top snapshot", e))?;
-        let local = LocalImage {
+        Ok(LocalImage {
             name,
+            config_digest: manifest.config.digest.clone(),
+            manifest,
             config,
             top_chain,
-        };
-        self.images
-            .lock()
-            .await
-            .insert(digest.clone(), local.clone());
-        Ok(local)
+        })
     }
 }

@@ -31,7 +31,10 @@ impl Containerd {
     /// `Runtime::create_machine`: the container, its snapshot and its task; nothing is left
     /// behind when a step fails.
     pub(super) async fn make_machine(&self, spec_in: &MachineSpec) -> Result<MachineInfo> {
-        let image = self.local_image(&spec_in.image.digest).await?;
+        let image = match &spec_in.layer {
+            Some(layer) => self.committed_image(layer).await?,
+            None => self.local_image(&spec_in.image.digest).await?,
+        };
         let labels = labels::machine_labels(spec_in);
         let process = spec::ProcessSpec {
             // tini reaps what setup scripts and sessions leave behind; sleep keeps it alive.

@@ -1,6 +1,7 @@
 //! The containerd back end, over containerd's gRPC API in one namespace and snapshotter.
 
 mod client;
+mod commit;
 mod container;
 mod content;
 mod events;
@@ -194,6 +195,14 @@ impl Runtime for Containerd {
 
     async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, crate::Change>> {
         self.subscribe_changes().await
+    }
+
+    async fn commit(&self, id: &str, name: &str) -> Result<crate::Committed> {
+        self.commit_machine(id, name).await
+    }
+
+    async fn remove_committed(&self, name: &str) -> Result<()> {
+        self.remove_committed_image(name).await
     }
 
     async fn start(&self, id: &str) -> Result<()> {

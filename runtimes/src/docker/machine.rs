@@ -60,7 +60,10 @@ impl Docker {
     /// not start.
     pub(super) async fn make_machine(&self, spec: &MachineSpec) -> Result<MachineInfo> {
         let client = self.engine.client().await?;
-        let image = self.require_image(&spec.image.digest).await?;
+        let image = match &spec.layer {
+            Some(layer) => super::commit::committed_tag(layer),
+            None => self.require_image(&spec.image.digest).await?,
+        };
         let mut host = self
             .host_config(
                 client,

@@ -1,6 +1,7 @@
 //! The Docker back end, over the Docker Engine API (bollard) on the engine's unix socket.
 
 mod changes;
+mod commit;
 mod engine;
 mod exec;
 mod host_config;
@@ -149,6 +150,14 @@ impl Runtime for Docker {
 
     async fn changes(&self) -> Result<futures_util::stream::BoxStream<'static, crate::Change>> {
         self.subscribe_changes().await
+    }
+
+    async fn commit(&self, id: &str, name: &str) -> Result<crate::Committed> {
+        self.commit_machine(id, name).await
+    }
+
+    async fn remove_committed(&self, name: &str) -> Result<()> {
+        self.remove_committed_image(name).await
     }
 
     async fn start(&self, id: &str) -> Result<()> {

@@ -34,6 +34,7 @@ async fn machine_spec(fake: &FakeRuntime, id: &str) -> MachineSpec {
         limits: crate::Limits::default(),
         pool: None,
         labels: BTreeMap::new(),
+        layer: None,
     }
 }
 

@@ -133,6 +133,7 @@ impl Environments {
                 limits: self.config.limits.limits(),
                 pool: Some(self.pool.configuration.clone()),
                 labels: Default::default(),
+                layer: None,
             };
             if let Err(e) = self.runtime.create_machine(&spec).await {
                 self.discard_pooled(&name).await;
