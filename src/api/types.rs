@@ -63,6 +63,11 @@ pub struct SetupView {
     pub output_truncated: bool,
     pub started_at: String,
     pub finished_at: String,
+    /// Present only when the environment was provisioned from a prebuild: then this is the
+    /// record of the run that made it, at that time, and no setup ran for this environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "2026-01-01T12:00:00Z")]
+    pub prebuilt_at: Option<String>,
 }
 
 /// A place a session's code lives and its commands run.
@@ -171,6 +176,7 @@ impl From<&SetupRecord> for SetupView {
             output_truncated: s.output_truncated,
             started_at: s.started_at.clone(),
             finished_at: s.finished_at.clone(),
+            prebuilt_at: s.prebuilt_at.clone(),
         }
     }
 }

@@ -11,8 +11,8 @@ use serde::Deserialize;
 
 pub use sections::{
     Algorithm, Backend, EnvironmentConfig, GitHub, HostConfig, Identity, Image, LimitsConfig,
-    Listen, Log, LogFormat, NetworkSection, OrganisationConfig, PoolConfig, RuntimeConfig,
-    MAX_POOL_SIZE,
+    Listen, Log, LogFormat, NetworkSection, OrganisationConfig, PoolConfig, PrebuildConfig,
+    RuntimeConfig, MAX_POOL_SIZE,
 };
 pub use values::{
     is_plain_http_off_loopback, parse_bytes, parse_duration, parse_user, DiskLimit, HumanDuration,
@@ -65,6 +65,8 @@ pub struct Config {
     pub organisation: OrganisationConfig,
     #[serde(default)]
     pub pool: PoolConfig,
+    #[serde(default)]
+    pub prebuild: PrebuildConfig,
     pub github: Option<GitHub>,
     #[serde(default)]
     pub log: Log,

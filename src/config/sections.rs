@@ -38,6 +38,32 @@ impl Default for PoolConfig {
     }
 }
 
+/// `[prebuild]`: the state after a successful setup, kept and reused by creates of the same key.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrebuildConfig {
+    /// Whether prebuilds are made and served; off by default while they are new.
+    #[serde(default)]
+    pub enabled: bool,
+    /// The most the prebuilds may hold on the host together; the least recently used leave
+    /// first.
+    #[serde(default = "default_prebuild_max_bytes", deserialize_with = "bytes")]
+    pub max_bytes: u64,
+}
+
+fn default_prebuild_max_bytes() -> u64 {
+    20 << 30
+}
+
+impl Default for PrebuildConfig {
+    fn default() -> Self {
+        PrebuildConfig {
+            enabled: false,
+            max_bytes: default_prebuild_max_bytes(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Listen {

@@ -10,8 +10,11 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::answer::{CreateStream, Created, Differs, Joined, Outcome};
+use super::clone::Cloned;
+use super::prebuild::Shape;
 use super::{machine_name, CreateRequest, EnvironmentError, Environments, Progress, PROVISIONING};
 use crate::auth::Principal;
+use crate::github;
 use crate::model::{now_rfc3339, EnvironmentId, SetupState, SetupStep, Status};
 use crate::organisation::CloneSource;
 use crate::store::{EnvironmentRecord, SetupRecord};
@@ -267,8 +270,9 @@ impl Environments {
             None => None,
         };
         // A repository's clone must be done before the environment's machine exists: such a
-        // create never takes a started one.
-        if clone.is_none() {
+        // create never takes a started one. Nor does a setup that may have a prebuild.
+        let may_be_prebuilt = self.prebuilds_on() && request.setup.is_some();
+        if clone.is_none() && !may_be_prebuilt {
             if let Some(pooled) = self.take_pooled().await {
                 return self
                     .provision_pooled(principal, request, pooled, announce)
@@ -294,6 +298,9 @@ impl Environments {
             }
         };
         tracing::info!(digest = %pinned.digest, "image pinned");
+        if self.prebuilds_on() {
+            self.retire_prebuilds(&pinned.digest).await;
+        }
         let now = now_rfc3339();
         let mut row = EnvironmentRecord {
             id: id.clone(),
@@ -360,19 +367,61 @@ impl Environments {
         let organisation = &row.organisation.clone();
         let made = async {
             let workspace = self.prepare_workspace(id, true)?;
+            // With prebuilds on, a setup's outcome is kept, and a create of the same key uses it.
+            let script = request.setup.as_deref().filter(|_| self.prebuilds_on());
+            let mut commit = None;
             if let Some(clone) = &clone {
                 self.store
                     .set_step(organisation, id, SetupStep::Clone, &now_rfc3339())
                     .await?;
                 let _ = events.send(Progress::started("clone"));
-                let cloned = self.run_clone(organisation, id, &pinned, &workspace, clone, events);
+                let lookup = script.map(|script| (&*row, script));
+                let cloned =
+                    self.run_clone(organisation, id, &pinned, &workspace, clone, lookup, events);
                 let cloned = self.metrics.create_step("clone", cloned).await?;
                 let _ = events.send(Progress::finished("clone"));
-                if cloned.state != SetupState::Succeeded {
-                    // No machine is made after a failed clone: nothing of this environment runs,
-                    // so nothing can look healthy. The reconciler leaves unusable rows alone,
-                    // exec refuses them, and delete removes a missing machine as a no-op.
-                    return Ok(Some(cloned));
+                match cloned {
+                    Cloned::Prebuilt(prebuild) => {
+                        self.store
+                            .set_step(organisation, id, SetupStep::Setup, &now_rfc3339())
+                            .await?;
+                        return self
+                            .provision_prebuilt(row, *prebuild, pinned, workspace, events)
+                            .await
+                            .map(Some);
+                    }
+                    // No machine is made after a failed clone: nothing of this environment
+                    // runs, so nothing can look healthy. The reconciler leaves unusable rows
+                    // alone, exec refuses them, and delete removes a missing machine as a no-op.
+                    Cloned::Done(record) if record.state != SetupState::Succeeded => {
+                        return Ok(Some(record))
+                    }
+                    Cloned::Done(_) => commit = github::checked_out_commit(&workspace),
+                }
+            }
+            // A clone whose commit cannot be told makes no prebuild: its key would be a guess.
+            let key = script
+                .filter(|_| clone.is_none() || commit.is_some())
+                .map(|script| {
+                    self.prebuild_key(&Shape {
+                        organisation,
+                        digest: &pinned.digest,
+                        script,
+                        source: clone
+                            .as_ref()
+                            .zip(commit.as_deref())
+                            .map(|(clone, commit)| (&clone.repository, commit)),
+                    })
+                });
+            if let (None, Some(key)) = (&clone, &key) {
+                if let Some(prebuild) = self.take_prebuild(row, key).await? {
+                    self.store
+                        .set_step(organisation, id, SetupStep::Setup, &now_rfc3339())
+                        .await?;
+                    return self
+                        .provision_prebuilt(row, prebuild, pinned, workspace, events)
+                        .await
+                        .map(Some);
                 }
             }
             self.store
@@ -387,7 +436,15 @@ impl Environments {
             drop(starting);
             let _ = events.send(Progress::finished("machine"));
             tracing::info!("machine started");
-            self.setup_step(&row.machine, request, events).await
+            let setup = self.setup_step(&row.machine, request, events).await?;
+            if let (Some(key), Some(record)) = (&key, &setup) {
+                // Only a setup that succeeded, in a machine this create made, is kept; nothing
+                // runs in the machine until the create answers, so what is kept is the setup's.
+                if record.state == SetupState::Succeeded {
+                    self.make_prebuild(row, key, record, events).await;
+                }
+            }
+            Ok(setup)
         }
         .await;
         self.record_made(row, made).await

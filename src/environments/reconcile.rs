@@ -114,6 +114,9 @@ impl Environments {
                         // Once the runtime answers: what earlier daemons left running goes.
                         if !swept {
                             swept = self.sweep_earlier_runs().await;
+                            if swept && self.prebuilds_on() {
+                                self.recover_prebuilds().await;
+                            }
                         }
                         POLL
                     }
@@ -288,6 +291,7 @@ impl Environments {
             output_truncated: false,
             started_at: current.created_at.clone(),
             finished_at: now.clone(),
+            prebuilt_at: None,
         });
         current.setup_recorded = true;
         current.status = Status::Unusable;

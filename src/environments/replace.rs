@@ -67,12 +67,22 @@ impl Environments {
         self.store
             .set_step(&row.organisation, &id, SetupStep::Setup, &now_rfc3339())
             .await?;
+        // Made from a prebuild that is still kept: made from it again, its setup not run.
+        let prebuild = match self.store.prebuild_of(&id).await? {
+            Some(key) => self.take_prebuild(&row, &key).await?,
+            None => None,
+        };
         let remade = async {
             self.runtime.remove(&row.machine).await?;
             let workspace = self.prepare_workspace(&id, false)?;
-            self.runtime
-                .create_machine(&self.machine_spec(&row, pinned, workspace))
-                .await?;
+            let mut spec = self.machine_spec(&row, pinned, workspace);
+            if let Some(prebuild) = prebuild {
+                spec.layer = Some(prebuild.layer.clone());
+                self.runtime.create_machine(&spec).await?;
+                tracing::info!(prebuild = %prebuild.key, "machine made again from its prebuild");
+                return Ok(Some(prebuild.setup));
+            }
+            self.runtime.create_machine(&spec).await?;
             tracing::info!("machine made again from the pinned digest");
             match row.setup_script.clone() {
                 Some(script) => {

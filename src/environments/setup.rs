@@ -40,6 +40,7 @@ pub(super) fn step_record(
         output_truncated: outcome.output_truncated,
         started_at: rfc3339(started_at),
         finished_at: now_rfc3339(),
+        prebuilt_at: None,
     }
 }
 

@@ -201,6 +201,11 @@ impl GitHubApp {
         send(what, self.request(method, path, credential)?).await
     }
 
+    /// The HTTP client, which follows no redirect.
+    pub(super) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     /// A request to `{api_url}{path}` with GitHub's headers and `credential`.
     fn request(
         &self,

@@ -3,6 +3,7 @@
 
 mod app;
 mod clone;
+mod head;
 mod oauth;
 mod rate;
 
@@ -12,6 +13,7 @@ pub use app::{GitHubApp, Installation, InstallationToken};
 pub use clone::{
     clone_argv, clone_env, clone_stdin, config_holds_secret, throwaway_name, Redactor,
 };
+pub use head::checked_out_commit;
 pub use oauth::{Membership, Person, UserToken};
 
 /// A secret (the App's JWT, an installation token) that prints as `[redacted]` wherever it

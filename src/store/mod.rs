@@ -50,6 +50,9 @@ pub struct SetupRecord {
     pub output_truncated: bool,
     pub started_at: String,
     pub finished_at: String,
+    /// When the run this record is of made the prebuild the environment was provisioned from;
+    /// `None` when the setup ran for this environment itself.
+    pub prebuilt_at: Option<String>,
 }
 
 /// One environment row.
@@ -100,7 +103,7 @@ pub struct Store {
 const COLUMNS: &str = "id, organisation, person, fingerprint, setup_script, repository, \
     image_digest, setup_recorded, status, status_detail, setup_state, setup_step, \
     setup_exit_code, setup_output, setup_output_truncated, setup_started_at, setup_finished_at, \
-    created_at, updated_at, deleted_at, machine";
+    created_at, updated_at, deleted_at, machine, setup_prebuilt_at";
 
 /// Column `column` of `row`, parsed into its domain type: a value that does not parse is a
 /// corrupt row, said at once rather than found later.
@@ -151,6 +154,7 @@ fn record_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EnvironmentRecord, S
                 .unwrap_or(false),
             started_at: row.try_get("setup_started_at")?,
             finished_at: row.try_get("setup_finished_at")?,
+            prebuilt_at: row.try_get("setup_prebuilt_at")?,
         }),
     };
     Ok(EnvironmentRecord {
@@ -174,7 +178,8 @@ fn record_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EnvironmentRecord, S
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
 
-/// Binds the columns a row's life changes, from `fingerprint` to `deleted_at`, in table order.
+/// Binds the columns a row's life changes, from `fingerprint` to `deleted_at`, in table order,
+/// then `setup_prebuilt_at`.
 fn bind_changing<'q>(query: Query<'q>, record: &'q EnvironmentRecord) -> Query<'q> {
     let setup = record.setup.as_ref();
     query
@@ -194,6 +199,7 @@ fn bind_changing<'q>(query: Query<'q>, record: &'q EnvironmentRecord) -> Query<'
         .bind(setup.map(|s| &s.finished_at))
         .bind(&record.updated_at)
         .bind(record.deleted_at)
+        .bind(setup.and_then(|s| s.prebuilt_at.as_deref()))
 }
 
 impl Store {
@@ -428,8 +434,9 @@ impl Store {
             "INSERT INTO environments (id, organisation, person, created_at, fingerprint, \
              setup_script, repository, image_digest, setup_recorded, status, status_detail, \
              setup_state, setup_step, setup_exit_code, setup_output, setup_output_truncated, \
-             setup_started_at, setup_finished_at, updated_at, deleted_at, machine) \
-             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
+             setup_started_at, setup_finished_at, updated_at, deleted_at, setup_prebuilt_at, \
+             machine) \
+             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM environments WHERE organisation = ? \
                     AND status != 'gone') < ?",
         )
@@ -481,7 +488,8 @@ impl Store {
              image_digest = ?, setup_recorded = ?, status = ?, status_detail = ?, \
              setup_state = ?, setup_step = ?, setup_exit_code = ?, setup_output = ?, \
              setup_output_truncated = ?, setup_started_at = ?, setup_finished_at = ?, \
-             updated_at = ?, deleted_at = ?, machine = ? WHERE organisation = ? AND id = ?",
+             updated_at = ?, deleted_at = ?, setup_prebuilt_at = ?, machine = ? \
+             WHERE organisation = ? AND id = ?",
         );
         let done = bind_changing(query, record)
             .bind(&record.machine)
@@ -584,9 +592,11 @@ impl Store {
 
 mod census;
 mod github;
+mod prebuilds;
 
 pub use census::Census;
 #[cfg(test)]
 mod tests;
 
 pub use github::{ConnectedInstallation, Connecting};
+pub use prebuilds::{PrebuildRecord, PrebuildSummary};

@@ -27,6 +27,7 @@ fn record(id: &str, organisation: &str) -> EnvironmentRecord {
             output_truncated: false,
             started_at: "2026-11-30T00:00:00Z".to_owned(),
             finished_at: "2026-11-30T00:00:01Z".to_owned(),
+            prebuilt_at: None,
         }),
         created_at: "2026-11-30T00:00:00Z".to_owned(),
         updated_at: "2026-11-30T00:00:01Z".to_owned(),
