@@ -409,24 +409,12 @@ pub trait Runtime: Send + Sync {
     /// later machines from. The machine keeps running; what it writes meanwhile may or may not
     /// be kept, so the caller runs nothing in it while it commits. A layer of that name kept
     /// before is replaced. Errors: `NotFound` when there is no such machine; `Unavailable`;
-    /// `Other`, also from a back end that cannot commit.
-    async fn commit(&self, id: &str, name: &str) -> Result<Committed> {
-        let _ = name;
-        Err(RuntimeError::plain(
-            ErrorKind::Other,
-            format!(
-                "{}: cannot keep machine {id}'s layer (no commit)",
-                self.name()
-            ),
-        ))
-    }
+    /// `Other`.
+    async fn commit(&self, id: &str, name: &str) -> Result<Committed>;
 
     /// Removes the layer kept under `name` by [`Runtime::commit`]. Idempotent: a missing one is
     /// removed. Errors: `Unavailable`; `Other`, also while a machine still starts from it.
-    async fn remove_committed(&self, name: &str) -> Result<()> {
-        let _ = name;
-        Ok(())
-    }
+    async fn remove_committed(&self, name: &str) -> Result<()>;
 
     /// Starts a stopped machine again with its workspace. Idempotent on a running machine.
     /// A machine whose state the runtime cannot tell is left alone: `Unavailable`, never a

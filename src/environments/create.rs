@@ -441,7 +441,7 @@ impl Environments {
                 // Only a setup that succeeded, in a machine this create made, is kept; nothing
                 // runs in the machine until the create answers, so what is kept is the setup's.
                 if record.state == SetupState::Succeeded {
-                    self.make_prebuild(row, key, record, events).await;
+                    self.make_prebuild(row, key, record).await;
                 }
             }
             Ok(setup)

@@ -142,7 +142,6 @@ impl Environments {
         events: &broadcast::Sender<Progress>,
     ) -> Result<SetupRecord, EnvironmentError> {
         tracing::info!(prebuild = %prebuild.key, prebuilt_at = ?prebuild.setup.prebuilt_at, "provisioning from a prebuild; no setup runs");
-        let _ = events.send(Progress::started("prebuild"));
         let copy = self.prebuild_workspace(&prebuild.layer);
         copy_tree(&copy, &workspace)
             .await
@@ -150,7 +149,6 @@ impl Environments {
                 path: workspace.clone(),
                 source,
             })?;
-        let _ = events.send(Progress::finished("prebuild"));
         let _ = events.send(Progress::started("machine"));
         let mut spec = self.machine_spec(row, pinned, workspace);
         spec.layer = Some(prebuild.layer.clone());
@@ -170,7 +168,6 @@ impl Environments {
         row: &EnvironmentRecord,
         key: &str,
         setup: &SetupRecord,
-        events: &broadcast::Sender<Progress>,
     ) {
         // The layer's name; it also names the workspace copy. Unique per making, so a layer
         // left by a dead daemon never meets a new one.
@@ -188,9 +185,10 @@ impl Environments {
             Ok(false) => return tracing::info!("a prebuild of this key is kept already"),
             Err(e) => return tracing::warn!(error = %e, "cannot record a prebuild"),
         }
-        let _ = events.send(Progress::started("prebuild"));
+        // Within the setup step as a client sees it: the contract's steps are image, clone,
+        // machine and setup.
+        tracing::info!(prebuild = %key, layer = %layer, "making a prebuild");
         let kept = self.keep_prebuild(row, &layer).await;
-        let _ = events.send(Progress::finished("prebuild"));
         let bytes = match kept {
             Ok(bytes) if bytes <= self.config.prebuild.max_bytes => bytes,
             Ok(bytes) => {

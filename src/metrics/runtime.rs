@@ -91,6 +91,14 @@ impl Runtime for Metered {
         self.counted(self.inner.changes().await)
     }
 
+    async fn commit(&self, id: &str, name: &str) -> Result<narya_runtimes::Committed> {
+        self.counted(self.inner.commit(id, name).await)
+    }
+
+    async fn remove_committed(&self, name: &str) -> Result<()> {
+        self.counted(self.inner.remove_committed(name).await)
+    }
+
     async fn start(&self, id: &str) -> Result<()> {
         self.counted(self.inner.start(id).await)
     }

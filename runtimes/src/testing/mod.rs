@@ -39,6 +39,8 @@ pub enum Op {
     Changes,
     Start,
     Remove,
+    Commit,
+    RemoveCommitted,
 }
 
 /// An injected failure waiting for its call.
@@ -71,6 +73,8 @@ struct State {
     calls: HashMap<Op, usize>,
     processes: Vec<FakeProcess>,
     script: Option<Arc<ProcessScript>>,
+    /// Layers kept by `commit`, by name: the machine each was committed from.
+    committed: BTreeMap<String, String>,
     /// Replaced when the runtime goes down: dropping the old sender ends every change stream.
     changes: broadcast::Sender<Change>,
 }
@@ -111,6 +115,7 @@ impl FakeRuntime {
                 calls: HashMap::new(),
                 processes: Vec::new(),
                 script: None,
+                committed: BTreeMap::new(),
                 changes: broadcast::channel(64).0,
             }),
         }
@@ -357,6 +362,14 @@ impl Runtime for FakeRuntime {
             );
             return answer(after, Op::CreateMachine, Err(taken));
         }
+        if let Some(layer) = spec
+            .layer
+            .as_ref()
+            .filter(|l| !state.committed.contains_key(*l))
+        {
+            let missing = RuntimeError::plain(ErrorKind::NotFound, format!("no layer {layer}"));
+            return answer(after, Op::CreateMachine, Err(missing));
+        }
         let info = crate::labels::running_machine(spec);
         let machine = Machine {
             info: info.clone(),
@@ -466,6 +479,27 @@ impl Runtime for FakeRuntime {
             }
         });
         answer(after, Op::Changes, Ok(stream.boxed()))
+    }
+
+    async fn commit(&self, id: &str, name: &str) -> Result<crate::Committed> {
+        let after = self.enter(Op::Commit).await?;
+        let mut state = self.lock();
+        if !state.machines.contains_key(id) {
+            let missing = RuntimeError::plain(ErrorKind::NotFound, format!("no machine {id}"));
+            return answer(after, Op::Commit, Err(missing));
+        }
+        state.committed.insert(name.to_owned(), id.to_owned());
+        let committed = crate::Committed {
+            name: name.to_owned(),
+            bytes: 0,
+        };
+        answer(after, Op::Commit, Ok(committed))
+    }
+
+    async fn remove_committed(&self, name: &str) -> Result<()> {
+        let after = self.enter(Op::RemoveCommitted).await?;
+        self.lock().committed.remove(name);
+        answer(after, Op::RemoveCommitted, Ok(()))
     }
 
     async fn start(&self, id: &str) -> Result<()> {
