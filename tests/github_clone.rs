@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +15,7 @@ use narya_runtimes::{
 };
 use serde_json::json;
 use support::e2e::{body, create, get, unique_id, Backend, Host, NAMESPACE};
-use support::github::{assert_holds_no_token, GitHubDouble};
+use support::github::{assert_holds_no_token, files_holding, runtime_dirs, GitHubDouble};
 
 /// How long the double's git server holds each request: long enough to look around while the
 /// clone waits, on a loaded machine.
@@ -56,43 +55,6 @@ impl Drop for CleanUp {
             })
         });
     }
-}
-
-/// Where the runtime keeps its root and state (contrib/dev/services.sh).
-fn runtime_dirs(backend: Backend) -> Vec<PathBuf> {
-    let dir = |variable: &str, default: &str| {
-        PathBuf::from(std::env::var(variable).unwrap_or_else(|_| default.to_owned()))
-    };
-    let data = dir("NARYA_DATA_DIR", "/var/lib/narya-test");
-    let run = dir("NARYA_RUN_DIR", "/run/narya-test");
-    let dirs = match backend {
-        Backend::Containerd => vec![data.join("containerd"), run.join("containerd-state")],
-        Backend::Docker => vec![data.join("docker"), run.join("docker-exec")],
-        Backend::Podman => vec![data.join("podman"), run.join("podman-run")],
-    };
-    for d in &dirs {
-        assert!(d.is_dir(), "no runtime directory {}", d.display());
-    }
-    dirs
-}
-
-/// The files under `dirs` that hold any of `forms`, by `grep` (regular files only).
-fn files_holding(dirs: &[PathBuf], forms: &[String]) -> String {
-    let patterns = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(patterns.path(), forms.join("\n") + "\n").unwrap();
-    let out = Command::new("grep")
-        .args(["-r", "-l", "-a", "-F", "--devices=skip", "-f"])
-        .arg(patterns.path())
-        .args(dirs)
-        .output()
-        .expect("grep runs");
-    // 0: found; 1: not found; 2: some file could not be read (one going away while looked at).
-    assert!(
-        matches!(out.status.code(), Some(0..=2)),
-        "grep: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The runtime's own record of throwaway `name`, through its CLI.

@@ -1,0 +1,410 @@
+//! Prebuilds end to end: a real daemon with `[prebuild] enabled` on a real runtime, the official
+//! image, and GitHub's double on loopback. A repeat create of the same key starts from what the
+//! first one's setup made, and anything that differs provisions afresh.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hyper::{Method, StatusCode};
+use narya::client::Client;
+use serde_json::{json, Value};
+use support::e2e::{body, create, delete, get, unique_id, Backend, Host};
+use support::github::{files_holding, runtime_dirs, GitHubDouble};
+
+/// Counts its runs in the workspace and in the user's home (the machine's writable layer), and
+/// puts a tool into /usr/local: what a repeat create must find without running it again.
+const SETUP: &str = "set -e
+n=$(cat /workspace/.runs 2>/dev/null || echo 0); echo $((n + 1)) > /workspace/.runs
+m=$(cat /home/narya/.runs 2>/dev/null || echo 0); echo $((m + 1)) > /home/narya/.runs
+printf '#!/bin/sh\\necho tool of %s\\n' \"$(git -C /workspace rev-parse HEAD 2>/dev/null || echo none)\" > /usr/local/bin/tool
+chmod +x /usr/local/bin/tool
+echo \"setup ran at $(date +%s%N)\"
+";
+
+fn prebuild_toml(max_bytes: &str) -> String {
+    format!("[prebuild]\nenabled = true\nmax_bytes = {max_bytes:?}\n")
+}
+
+/// Runs `script` in `id` through the API and answers its output, which must succeed.
+async fn run(client: &Client, id: &str, script: &str) -> String {
+    let answer = client
+        .send_json(
+            Method::POST,
+            &format!("/v1/environments/{id}/exec"),
+            &json!({"argv": ["bash", "-c", script]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    let result = body(&answer);
+    assert_eq!(result["exit_code"], 0, "{script}: {result}");
+    result["output"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Creates `request` and answers the environment, which must be new and `ready`.
+async fn created_ready(host: &Host, client: &Client, request: Value) -> Value {
+    let answer = create(client, request).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::CREATED,
+        "{}\n{}",
+        String::from_utf8_lossy(&answer.body),
+        host.daemon.log()
+    );
+    let env = body(&answer);
+    assert_eq!(env["status"], "ready", "{env}\n{}", host.daemon.log());
+    env
+}
+
+/// Where the daemon keeps prebuilds' workspace copies.
+fn copies_dir(host: &Host) -> PathBuf {
+    host.daemon.dir.path().join("state/prebuilds")
+}
+
+fn copies(host: &Host) -> Vec<String> {
+    match std::fs::read_dir(copies_dir(host)) {
+        Ok(entries) => entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The git requests that fetched objects (not only the refs) so far.
+fn fetches(double: &GitHubDouble) -> usize {
+    double
+        .git_requests()
+        .iter()
+        .filter(|r| r.path.ends_with("git-upload-pack") && r.status == 200)
+        .count()
+}
+
+async fn a_repeat_create_of_the_same_key_starts_from_the_first_ones_setup(backend: Backend) {
+    let double = GitHubDouble::start().await;
+    double.install(7, "acme", &["app"]);
+    let first_commit = double.create_repository("acme/app", &[("README.md", "hello\n")]);
+    let extra = format!("{}\n{}", prebuild_toml("20GiB"), double.toml());
+    let Some(mut host) = Host::start_on(backend, &extra).await else {
+        return;
+    };
+    let client = host.acme();
+    let connected = double.connect_as(&client, "acme-admin", 7).await;
+    assert_eq!(connected.status, StatusCode::NO_CONTENT);
+    let request = |id: &str| json!({"id": id, "repository": "acme/app", "setup": SETUP});
+
+    // The first create runs its setup and keeps what it made.
+    let first = unique_id("pb-first");
+    let made = created_ready(&host, &client, request(&first)).await;
+    assert_eq!(made["setup"]["state"], "succeeded");
+    assert!(made["setup"].get("prebuilt_at").is_none(), "{made}");
+    assert_eq!(copies(&host).len(), 1, "one prebuild kept");
+    let fetched = fetches(&double);
+
+    // The second, of another identifier and the same key, runs no setup and clones nothing.
+    let second = unique_id("pb-second");
+    let started = Instant::now();
+    let repeat = created_ready(&host, &client, request(&second)).await;
+    let took = started.elapsed();
+    let setup = &repeat["setup"];
+    assert_eq!(setup["state"], "succeeded");
+    assert_eq!(
+        setup["output"], made["setup"]["output"],
+        "the record of the run that made it"
+    );
+    assert_eq!(setup["started_at"], made["setup"]["started_at"]);
+    let prebuilt_at = setup["prebuilt_at"].as_str().expect("prebuilt_at is set");
+    assert!(
+        humantime::parse_rfc3339(prebuilt_at).is_ok(),
+        "{prebuilt_at}"
+    );
+    assert_eq!(repeat["image_digest"], made["image_digest"]);
+    assert_eq!(fetches(&double), fetched, "the repeat fetched objects");
+    assert_eq!(run(&client, &second, "cat /workspace/.runs").await, "1\n");
+    assert_eq!(run(&client, &second, "cat /home/narya/.runs").await, "1\n");
+    assert_eq!(
+        run(&client, &second, "cat /workspace/README.md; tool").await,
+        format!("hello\ntool of {first_commit}\n")
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.workspace(&second).join(".runs")).unwrap(),
+        "1\n"
+    );
+    eprintln!("repeat create took {took:?}");
+
+    // The installation token is in no layer the runtime keeps, and in no workspace copy.
+    let forms = double.token_forms();
+    assert!(!forms.is_empty());
+    let mut dirs = runtime_dirs(backend);
+    dirs.push(copies_dir(&host));
+    let holding = files_holding(&dirs, &forms);
+    assert!(holding.is_empty(), "files hold the token: {holding}");
+
+    // What the second one writes is its own: the first and the prebuild stay as they were.
+    run(
+        &client,
+        &second,
+        "echo mine > /home/narya/mine; echo 5 > .runs",
+    )
+    .await;
+    assert_eq!(
+        run(&client, &first, "cat /workspace/.runs; ls /home/narya").await,
+        "1\n"
+    );
+
+    // Replaced after its machine went, it starts from the prebuild again: no setup runs, and
+    // the workspace is its own.
+    let machine = host.machine(&second).await;
+    host.remove_machine(&machine).await;
+    let gone = support::e2e::until(&client, &second, Duration::from_secs(60), "gone", |env| {
+        env["status"] == "gone"
+    })
+    .await;
+    assert_eq!(gone["status"], "gone");
+    let replaced = client
+        .send(
+            Method::POST,
+            &format!("/v1/environments/{second}/replace"),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(replaced.status, StatusCode::OK, "{}", host.daemon.log());
+    assert_eq!(body(&replaced)["setup"]["prebuilt_at"], prebuilt_at);
+    assert_eq!(
+        run(&client, &second, "cat /home/narya/.runs /workspace/.runs").await,
+        "1\n5\n"
+    );
+
+    // A changed script provisions afresh.
+    let changed = unique_id("pb-script");
+    let env = created_ready(
+        &host,
+        &client,
+        json!({"id": changed, "repository": "acme/app", "setup": format!("{SETUP}true\n")}),
+    )
+    .await;
+    assert!(env["setup"].get("prebuilt_at").is_none(), "{env}");
+    assert_eq!(run(&client, &changed, "cat /home/narya/.runs").await, "1\n");
+
+    // A default branch that moved provisions afresh from its new commit.
+    let second_commit = double.push_commit("acme/app", &[("README.md", "moved\n")]);
+    let moved = unique_id("pb-moved");
+    let env = created_ready(&host, &client, request(&moved)).await;
+    assert!(env["setup"].get("prebuilt_at").is_none(), "{env}");
+    assert_eq!(
+        run(&client, &moved, "cat README.md; tool").await,
+        format!("moved\ntool of {second_commit}\n")
+    );
+    let again = unique_id("pb-moved-again");
+    let env = created_ready(&host, &client, request(&again)).await;
+    assert!(env["setup"]["prebuilt_at"].is_string(), "{env}");
+    assert_eq!(run(&client, &again, "cat README.md").await, "moved\n");
+
+    // Every token minted was revoked, those that only read the default branch too.
+    assert!(double.tokens().iter().all(|t| t.revoked_at.is_some()));
+
+    // Another image digest matches none of these: its creates provision afresh, and once one
+    // pinned it, the old digest's prebuilds nobody stands on are retired.
+    for id in [&first, &second, &changed, &moved, &again] {
+        assert_eq!(delete(&client, id).await.status, StatusCode::NO_CONTENT);
+    }
+    let variant = variant_layout(Path::new(&host.layout), host.daemon.dir.path());
+    host.daemon.kill();
+    let config = std::fs::read_to_string(&host.daemon.config_path).unwrap();
+    let config = config.replace(&host.layout, variant.to_str().unwrap());
+    std::fs::write(&host.daemon.config_path, config).unwrap();
+    host.daemon.restart();
+    let client = host.acme();
+    let other = unique_id("pb-digest");
+    let env = created_ready(&host, &client, request(&other)).await;
+    assert_ne!(env["image_digest"], made["image_digest"]);
+    assert!(env["setup"].get("prebuilt_at").is_none(), "{env}");
+    assert_eq!(run(&client, &other, "cat /home/narya/.runs").await, "1\n");
+    assert_eq!(
+        copies(&host).len(),
+        1,
+        "only the new digest's prebuild is kept"
+    );
+    assert_eq!(delete(&client, &other).await.status, StatusCode::NO_CONTENT);
+}
+
+/// A copy of the OCI layout at `layout` whose image differs by one config label: another
+/// manifest digest of the same files.
+fn variant_layout(layout: &Path, dir: &Path) -> PathBuf {
+    use sha2::{Digest as _, Sha256};
+    let copy = dir.join("variant-layout");
+    let status = std::process::Command::new("cp")
+        .args(["-a", "--reflink=auto"])
+        .arg(layout)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let blob = |digest: &str| {
+        copy.join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+    };
+    let write = |bytes: &[u8]| {
+        let digest = format!("sha256:{:x}", Sha256::digest(bytes));
+        std::fs::write(blob(&digest), bytes).unwrap();
+        digest
+    };
+    let mut index: Value =
+        serde_json::from_slice(&std::fs::read(copy.join("index.json")).unwrap()).unwrap();
+    let manifest_digest = index["manifests"][0]["digest"].as_str().unwrap().to_owned();
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(blob(&manifest_digest)).unwrap()).unwrap();
+    let config_digest = manifest["config"]["digest"].as_str().unwrap().to_owned();
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(blob(&config_digest)).unwrap()).unwrap();
+    config["config"]["Labels"]["dev.narya.test.variant"] = json!("2");
+    let config_bytes = serde_json::to_vec(&config).unwrap();
+    manifest["config"]["digest"] = json!(write(&config_bytes));
+    manifest["config"]["size"] = json!(config_bytes.len());
+    let manifest_bytes = serde_json::to_vec(&manifest).unwrap();
+    index["manifests"][0]["digest"] = json!(write(&manifest_bytes));
+    index["manifests"][0]["size"] = json!(manifest_bytes.len());
+    std::fs::write(copy.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    copy
+}
+
+async fn a_setup_that_fails_or_another_organisation_never_gets_a_prebuild(backend: Backend) {
+    let Some(host) = Host::start_on(backend, &prebuild_toml("20GiB")).await else {
+        return;
+    };
+    let acme = host.acme();
+    let failing = "echo tried >> /home/narya/tries; exit 3";
+    for _ in 0..2 {
+        let id = unique_id("pb-fail");
+        let answer = create(&acme, json!({"id": id, "setup": failing})).await;
+        assert_eq!(answer.status, StatusCode::CREATED);
+        let env = body(&answer);
+        assert_eq!(env["status"], "unusable", "{env}");
+        assert_eq!(env["setup"]["exit_code"], 3);
+        assert!(env["setup"].get("prebuilt_at").is_none());
+        assert_eq!(delete(&acme, &id).await.status, StatusCode::NO_CONTENT);
+    }
+    assert!(copies(&host).is_empty(), "a failed setup made a prebuild");
+
+    // acme's prebuild of a setup without a repository serves acme, never globex.
+    let made = unique_id("pb-acme");
+    created_ready(&host, &acme, json!({"id": made, "setup": SETUP})).await;
+    let repeat = unique_id("pb-acme-again");
+    let env = created_ready(&host, &acme, json!({"id": repeat, "setup": SETUP})).await;
+    assert!(env["setup"]["prebuilt_at"].is_string(), "{env}");
+    let globex = host.client("globex");
+    let theirs = unique_id("pb-globex");
+    let env = created_ready(&host, &globex, json!({"id": theirs, "setup": SETUP})).await;
+    assert!(env["setup"].get("prebuilt_at").is_none(), "{env}");
+    assert_eq!(run(&globex, &theirs, "cat /home/narya/.runs").await, "1\n");
+    for (client, id) in [(&acme, &made), (&acme, &repeat), (&globex, &theirs)] {
+        assert_eq!(delete(client, id).await.status, StatusCode::NO_CONTENT);
+    }
+}
+
+async fn past_max_bytes_the_least_recently_used_prebuild_leaves(backend: Backend) {
+    // Each setup below keeps about 3 MiB; two fit, three do not.
+    let Some(host) = Host::start_on(backend, &prebuild_toml("7MiB")).await else {
+        return;
+    };
+    let client = host.acme();
+    let setup = |name: &str| {
+        format!("head -c 3145728 /dev/urandom > /home/narya/{name}.bin\necho {name}\n")
+    };
+    let make = |name: &'static str| {
+        let client = &client;
+        let host = &host;
+        let setup = setup(name);
+        async move {
+            let id = unique_id(&format!("pb-{name}"));
+            let env = created_ready(host, client, json!({"id": id, "setup": setup})).await;
+            assert_eq!(delete(client, &id).await.status, StatusCode::NO_CONTENT);
+            env["setup"]["prebuilt_at"].is_string()
+        }
+    };
+    assert!(!make("a").await);
+    assert!(!make("b").await);
+    assert_eq!(copies(&host).len(), 2);
+    // a is used again, so b is now the least recently used.
+    assert!(make("a").await);
+    assert!(!make("c").await);
+    assert_eq!(copies(&host).len(), 2, "{:?}", copies(&host));
+    assert!(make("a").await, "the recently used one stayed");
+    assert!(make("c").await, "the newest stayed");
+    assert!(!make("b").await, "the least recently used one left");
+}
+
+async fn a_daemon_killed_while_making_a_prebuild_leaves_none_to_serve(backend: Backend) {
+    let Some(mut host) = Host::start_on(backend, &prebuild_toml("20GiB")).await else {
+        return;
+    };
+    let client = host.acme();
+    // Enough in the layer that committing it takes a while.
+    let setup = format!("{SETUP}head -c 419430400 /dev/zero > /home/narya/big\n");
+    let first = unique_id("pb-killed");
+    let mut stream = client
+        .stream_json(
+            Method::POST,
+            "/v1/environments",
+            &json!({"id": first, "setup": setup}),
+        )
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    let began = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(line) = stream.next_line().await.unwrap() {
+            seen.push_str(&line);
+            seen.push('\n');
+            if serde_json::from_str::<Value>(&line).ok()
+                == Some(json!({"step": "setup", "state": "finished"}))
+            {
+                break;
+            }
+        }
+        // The daemon says when it begins making the prebuild, before the create answers.
+        while !host.daemon.log().contains("making a prebuild") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        began.is_ok(),
+        "no prebuild was begun: {seen}\n{}",
+        host.daemon.log()
+    );
+    assert!(
+        !seen.contains("\"environment\""),
+        "the create answered before it could be killed: {seen}"
+    );
+    host.daemon.kill();
+    host.daemon.restart();
+    let client = host.acme();
+    // What was half-made is taken back once the daemon is up and the runtime answers.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !copies(&host).is_empty() {
+        assert!(Instant::now() < deadline, "left: {:?}", copies(&host));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let interrupted = body(&get(&client, &first).await);
+    assert_eq!(interrupted["status"], "unusable", "{interrupted}");
+    let second = unique_id("pb-after-kill");
+    let env = created_ready(&host, &client, json!({"id": second, "setup": setup})).await;
+    assert!(env["setup"].get("prebuilt_at").is_none(), "{env}");
+    assert_eq!(run(&client, &second, "cat /home/narya/.runs").await, "1\n");
+    for id in [&first, &second] {
+        let _ = delete(&client, id).await;
+    }
+}
+
+on_every_engine!(
+    a_repeat_create_of_the_same_key_starts_from_the_first_ones_setup,
+    a_setup_that_fails_or_another_organisation_never_gets_a_prebuild,
+);
+
+on_both_backends!(
+    past_max_bytes_the_least_recently_used_prebuild_leaves,
+    a_daemon_killed_while_making_a_prebuild_leaves_none_to_serve,
+);
