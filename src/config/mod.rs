@@ -315,6 +315,24 @@ audience = "narya"
     }
 
     #[test]
+    fn prebuilds_are_off_by_default_and_bounded_by_max_bytes() {
+        let defaults = Config::parse(MINIMAL).unwrap();
+        assert!(!defaults.prebuild.enabled, "off while new");
+        assert_eq!(defaults.prebuild.max_bytes, 20 << 30);
+        let on = Config::parse(&format!(
+            "{MINIMAL}\n[prebuild]\nenabled = true\nmax_bytes = \"512MiB\"\n"
+        ))
+        .unwrap();
+        assert!(on.prebuild.enabled);
+        assert_eq!(on.prebuild.max_bytes, 512 << 20);
+        let vague =
+            Config::parse(&format!("{MINIMAL}\n[prebuild]\nmax_bytes = \"5GB\"\n")).unwrap_err();
+        assert!(vague.contains("GiB"), "{vague}");
+        let typo = Config::parse(&format!("{MINIMAL}\n[prebuild]\nenable = true\n")).unwrap_err();
+        assert!(typo.contains("enable"), "{typo}");
+    }
+
+    #[test]
     fn a_pool_can_be_sized_or_turned_off_but_not_made_huge() {
         let sized = Config::parse(&format!("{MINIMAL}\n[pool]\nsize = 8\n")).unwrap();
         assert_eq!(sized.pool.size, 8);

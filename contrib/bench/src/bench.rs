@@ -20,12 +20,14 @@ mod disk;
 mod exec_load;
 mod output_memory;
 mod pool;
+mod prebuild;
 mod rows;
 
 pub use disk::{measure_disk, BOUND as DISK_BOUND};
 pub use exec_load::{ExecLoad, ExecLoadResult, LoadSide};
 pub use output_memory::{OutputLoad, OutputMemoryResult};
 pub use pool::{measure_pool, PoolReport, POOL_SIZE};
+pub use prebuild::{measure_prebuild, PrebuildReport, SETUP_SLEEP as PREBUILD_SLEEP};
 pub use rows::{measure_rows, seed as seed_rows, RowsReport, ROWS};
 
 /// How much of everything to do.

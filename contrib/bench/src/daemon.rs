@@ -12,6 +12,7 @@ use tokio::process::{Child, Command};
 use crate::raw::{Backend, NAMESPACE};
 
 /// What the daemon's configuration needs besides the back end.
+#[derive(Clone)]
 pub struct Setup<'a> {
     pub naryad: &'a Path,
     pub jwks: &'a Path,
@@ -28,6 +29,9 @@ pub struct Setup<'a> {
     /// Deleted environments with large rows written into the store before the daemon starts
     /// (`bench::rows`); 0 for every row but the memory-with-rows one.
     pub rows: usize,
+    /// TOML added to the configuration (sections of its own): empty for every row but the
+    /// prebuilds'.
+    pub extra: &'a str,
 }
 
 /// The btrfs filesystem with quotas the test services mount (`NARYA_TEST_STATE_ROOT`), where
@@ -92,7 +96,7 @@ impl Daemon {
              [environment]\ngone_retention = \"1s\"\nnetwork = {network}\n\n\
              [limits]\nnofile = 1024\ndisk = {disk}\n\n\
              [organisation]\nmax_environments = 100000\n\n\
-             [pool]\nsize = {pool}\n",
+             [pool]\nsize = {pool}\n\n{extra}",
             state = quote(&state.display().to_string()),
             socket = quote(&socket.display().to_string()),
             jwks = quote(&format!("file://{}", setup.jwks.display())),
@@ -104,6 +108,7 @@ impl Daemon {
             network = quote(network),
             pool = setup.pool,
             disk = quote(disk),
+            extra = setup.extra,
         );
         if setup.rows > 0 {
             crate::bench::seed_rows(&state.join("narya.db"), setup.rows).await?;
@@ -137,6 +142,11 @@ impl Daemon {
         };
         daemon.wait_ready(token).await?;
         Ok(daemon)
+    }
+
+    /// The daemon's store.
+    pub fn database(&self) -> PathBuf {
+        self.state.join("narya.db")
     }
 
     /// Where the daemon keeps its pool machines' workspaces (and links to claimed ones').

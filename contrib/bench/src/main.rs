@@ -17,6 +17,7 @@
 
 mod bench;
 mod daemon;
+mod doubles;
 mod raw;
 mod report;
 mod stats;
@@ -321,6 +322,7 @@ async fn run(args: Args) -> Result<bool> {
             pool: 0,
             disk: None,
             rows: 0,
+            extra: "",
         };
         // The daemon measured throughout isolates its machines (the default); a second one, on
         // the host's network, shows what that costs.
@@ -433,6 +435,24 @@ async fn run(args: Args) -> Result<bool> {
             }
             Some(measured)
         };
+        let prebuild = if interrupted {
+            None
+        } else {
+            eprintln!("== {} with prebuilds", backend.name());
+            let setup = Setup {
+                log: args
+                    .log_dir
+                    .as_ref()
+                    .map(|d| d.join(format!("naryad-{}-prebuild.log", backend.name()))),
+                ..setup
+            };
+            let prefix = format!("nb{}{}b-", std::process::id(), &backend.name()[..1]);
+            let measured = bench::measure_prebuild(&setup, backend, &token, &plan, &prefix).await;
+            if let Err(e) = &measured {
+                eprintln!("narya-bench: {} with prebuilds: {e}", backend.name());
+            }
+            Some(measured)
+        };
         outcomes.push(Outcome {
             backend,
             runtime_version,
@@ -440,6 +460,7 @@ async fn run(args: Args) -> Result<bool> {
             pool,
             disk,
             rows,
+            prebuild,
         });
         if interrupted {
             break;
@@ -468,9 +489,11 @@ async fn run(args: Args) -> Result<bool> {
         Some(Ok(p)) => p.burst.ours_errors > 0 || p.burst.raw_errors > 0,
         Some(Err(_)) => true,
         None => false,
-    }) || outcomes
-        .iter()
-        .any(|o| matches!(o.disk, Some(Err(_))) || matches!(o.rows, Some(Err(_))));
+    }) || outcomes.iter().any(|o| {
+        matches!(o.disk, Some(Err(_)))
+            || matches!(o.rows, Some(Err(_)))
+            || matches!(o.prebuild, Some(Err(_)))
+    });
     if errors {
         eprintln!("narya-bench: something failed (see above); exiting non-zero");
     }

@@ -8,6 +8,7 @@ use crate::stats::{ms, spread};
 
 mod disk;
 mod pool;
+mod prebuild;
 mod rows;
 
 /// What ran where.
@@ -38,6 +39,8 @@ pub struct Outcome {
     pub disk: Option<Result<crate::bench::Pair, String>>,
     /// The daemon's memory with large rows in its store; `None` when it did not run.
     pub rows: Option<Result<crate::bench::RowsReport, String>>,
+    /// First and repeat creates of a prebuilt key; `None` when they did not run.
+    pub prebuild: Option<Result<crate::bench::PrebuildReport, String>>,
 }
 
 pub const CREATE_RATIO: f64 = 1.10;
@@ -98,6 +101,7 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
                 !pool::TARGETS.contains(&t.as_str())
                     && !disk::TARGETS.contains(&t.as_str())
                     && !rows::TARGETS.contains(&t.as_str())
+                    && !prebuild::TARGETS.contains(&t.as_str())
             });
             for target in own {
                 all.push(Verdict {
@@ -210,6 +214,7 @@ fn verdicts(plan: &Plan, outcomes: &[Outcome]) -> Vec<Verdict> {
     all.extend(pool::verdicts(outcomes));
     all.extend(disk::verdicts(outcomes));
     all.extend(rows::verdicts(outcomes));
+    all.extend(prebuild::verdicts(outcomes));
     all
 }
 
@@ -260,6 +265,7 @@ fn targets(plan: &Plan) -> Vec<String> {
     all.extend(pool::TARGETS.iter().map(|t| (*t).to_owned()));
     all.extend(disk::TARGETS.iter().map(|t| (*t).to_owned()));
     all.extend(rows::TARGETS.iter().map(|t| (*t).to_owned()));
+    all.extend(prebuild::TARGETS.iter().map(|t| (*t).to_owned()));
     all
 }
 
@@ -413,6 +419,7 @@ pub fn table(plan: &Plan, outcomes: &[Outcome]) -> String {
     t.push_str(&pool::rows(outcomes, &verdicts));
     t.push_str(&disk::rows(outcomes, &verdicts));
     t.push_str(&rows::rows(outcomes, &verdicts));
+    t.push_str(&prebuild::rows(outcomes, &verdicts));
     t
 }
 
@@ -592,6 +599,7 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
     d.push_str(pool::METHOD);
     d.push_str(disk::METHOD);
     d.push_str(rows::METHOD);
+    d.push_str(prebuild::METHOD);
     d.push('\n');
     d.push_str("Raw commands:\n\n");
     for outcome in outcomes {
@@ -641,6 +649,7 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
         .chain(pool::failures(outcomes))
         .chain(disk::failures(outcomes))
         .chain(rows::failures(outcomes))
+        .chain(prebuild::failures(outcomes))
         .collect();
     if !failures.is_empty() {
         d.push_str("\n## Failures\n\n");

@@ -24,15 +24,10 @@ pub async fn measure_disk(
     prefix: String,
 ) -> Result<Pair, String> {
     let with = |disk| Setup {
-        naryad: setup.naryad,
-        jwks: setup.jwks,
-        containerd_socket: setup.containerd_socket,
-        docker_socket: setup.docker_socket,
-        layout: setup.layout,
-        log: setup.log.clone(),
         pool: 0,
         disk: Some(disk),
         rows: 0,
+        ..setup.clone()
     };
     let (bounded, unbounded) = (with(BOUND), with("unbounded"));
     let start = |setup| async move {

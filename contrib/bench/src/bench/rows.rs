@@ -79,15 +79,9 @@ pub async fn measure_rows(
     let mut peaks = Vec::new();
     for rows in [0, loaded] {
         let seeded = Setup {
-            naryad: setup.naryad,
-            jwks: setup.jwks,
-            containerd_socket: setup.containerd_socket,
-            docker_socket: setup.docker_socket,
-            layout: setup.layout,
-            log: setup.log.clone(),
             pool: 0,
-            disk: setup.disk,
             rows,
+            ..setup.clone()
         };
         let daemon = Daemon::start(&seeded, backend, token, "host")
             .await
