@@ -15,7 +15,8 @@ use narya_runtimes::{
 };
 use serde_json::json;
 use support::e2e::{body, create, get, unique_id, Backend, Host, NAMESPACE};
-use support::github::{assert_holds_no_token, files_holding, runtime_dirs, GitHubDouble};
+use support::e2e::{files_holding, runtime_dirs};
+use support::github::{assert_holds_no_token, GitHubDouble};
 
 /// How long the double's git server holds each request: long enough to look around while the
 /// clone waits, on a loaded machine.

@@ -11,7 +11,8 @@ use hyper::{Method, StatusCode};
 use narya::client::Client;
 use serde_json::{json, Value};
 use support::e2e::{body, create, delete, get, unique_id, Backend, Host};
-use support::github::{files_holding, runtime_dirs, GitHubDouble};
+use support::e2e::{files_holding, runtime_dirs};
+use support::github::GitHubDouble;
 
 /// Counts its runs in the workspace and in the user's home (the machine's writable layer), and
 /// puts a tool into /usr/local: what a repeat create must find without running it again.

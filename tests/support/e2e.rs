@@ -610,3 +610,42 @@ pub async fn settled(client: &Client, id: &str, within: Duration) -> Value {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Where the runtime keeps its root and state (contrib/dev/services.sh).
+#[allow(dead_code)]
+pub fn runtime_dirs(backend: Backend) -> Vec<PathBuf> {
+    let dir = |variable: &str, default: &str| {
+        PathBuf::from(std::env::var(variable).unwrap_or_else(|_| default.to_owned()))
+    };
+    let data = dir("NARYA_DATA_DIR", "/var/lib/narya-test");
+    let run = dir("NARYA_RUN_DIR", "/run/narya-test");
+    let dirs = match backend {
+        Backend::Containerd => vec![data.join("containerd"), run.join("containerd-state")],
+        Backend::Docker => vec![data.join("docker"), run.join("docker-exec")],
+        Backend::Podman => vec![data.join("podman"), run.join("podman-run")],
+    };
+    for d in &dirs {
+        assert!(d.is_dir(), "no runtime directory {}", d.display());
+    }
+    dirs
+}
+
+/// The files under `dirs` that hold any of `forms`, by `grep` (regular files only).
+#[allow(dead_code)]
+pub fn files_holding(dirs: &[PathBuf], forms: &[String]) -> String {
+    let patterns = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(patterns.path(), forms.join("\n") + "\n").unwrap();
+    let out = std::process::Command::new("grep")
+        .args(["-r", "-l", "-a", "-F", "--devices=skip", "-f"])
+        .arg(patterns.path())
+        .args(dirs)
+        .output()
+        .expect("grep runs");
+    // 0: found; 1: not found; 2: some file could not be read (one going away while looked at).
+    assert!(
+        matches!(out.status.code(), Some(0..=2)),
+        "grep: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
