@@ -11,6 +11,7 @@ use sha2::{Digest as _, Sha256};
 use tokio_util::task::TaskTracker;
 
 mod admit;
+mod adopt;
 mod answer;
 mod bounds;
 mod claim;
