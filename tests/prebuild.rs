@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use hyper::{Method, StatusCode};
 use narya::client::Client;
 use serde_json::{json, Value};
-use support::e2e::{body, create, delete, get, unique_id, Backend, Host};
+use support::e2e::{body, create, delete, exec, get, unique_id, Backend, Host};
 use support::e2e::{files_holding, runtime_dirs};
 use support::github::GitHubDouble;
 
@@ -30,14 +30,7 @@ fn prebuild_toml(max_bytes: &str) -> String {
 
 /// Runs `script` in `id` through the API and answers its output, which must succeed.
 async fn run(client: &Client, id: &str, script: &str) -> String {
-    let answer = client
-        .send_json(
-            Method::POST,
-            &format!("/v1/environments/{id}/exec"),
-            &json!({"argv": ["bash", "-c", script]}),
-        )
-        .await
-        .unwrap();
+    let answer = exec(client, id, &["bash", "-c", script]).await;
     assert_eq!(answer.status, StatusCode::OK);
     let result = body(&answer);
     assert_eq!(result["exit_code"], 0, "{script}: {result}");

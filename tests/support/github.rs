@@ -92,6 +92,27 @@ pub struct GitHubDouble {
     _dir: tempfile::TempDir,
 }
 
+/// Runs git in `dir` as the double's author; answers its standard output, which must succeed.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args([
+            "-c",
+            "user.name=Double",
+            "-c",
+            "user.email=double@example.com",
+        ])
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 impl GitHubDouble {
     pub async fn start() -> GitHubDouble {
         let dir = tempfile::tempdir().unwrap();
@@ -249,25 +270,6 @@ impl GitHubDouble {
     /// commit's hash.
     pub fn create_repository(&self, full_name: &str, files: &[(&str, &str)]) -> String {
         let work = tempfile::tempdir().unwrap();
-        let git = |dir: &Path, args: &[&str]| {
-            let out = Command::new("git")
-                .current_dir(dir)
-                .args([
-                    "-c",
-                    "user.name=Double",
-                    "-c",
-                    "user.email=double@example.com",
-                ])
-                .args(args)
-                .output()
-                .expect("git runs");
-            assert!(
-                out.status.success(),
-                "git {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8(out.stdout).unwrap()
-        };
         git(work.path(), &["init", "-q", "-b", "main"]);
         for (path, content) in files {
             let file = work.path().join(path);
@@ -294,25 +296,6 @@ impl GitHubDouble {
     pub fn push_commit(&self, full_name: &str, files: &[(&str, &str)]) -> String {
         let work = tempfile::tempdir().unwrap();
         let bare = self.shared.repositories.join(format!("{full_name}.git"));
-        let git = |dir: &Path, args: &[&str]| {
-            let out = Command::new("git")
-                .current_dir(dir)
-                .args([
-                    "-c",
-                    "user.name=Double",
-                    "-c",
-                    "user.email=double@example.com",
-                ])
-                .args(args)
-                .output()
-                .expect("git runs");
-            assert!(
-                out.status.success(),
-                "git {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8(out.stdout).unwrap()
-        };
         git(work.path(), &["clone", "-q", bare.to_str().unwrap(), "."]);
         for (path, content) in files {
             let file = work.path().join(path);

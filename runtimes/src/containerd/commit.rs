@@ -6,11 +6,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, PrepareSnapshotRequest, ViewSnapshotRequest,
-};
+use containerd_client::services::v1::snapshots::ViewSnapshotRequest;
 use containerd_client::services::v1::{
-    ApplyRequest, CreateImageRequest, DeleteImageRequest, DiffRequest, GetImageRequest, Image,
+    CreateImageRequest, DeleteImageRequest, DiffRequest, GetImageRequest, Image,
 };
 use containerd_client::services::v1::{CreateRequest as CreateLease, DeleteRequest as DeleteLease};
 use containerd_client::types::Descriptor as GrpcDescriptor;
@@ -179,8 +177,15 @@ impl Containerd {
             .map_err(|e| other("encoding a manifest".to_owned(), e))?;
         let manifest_digest = Digest::of(&manifest_bytes);
 
-        self.unpack_layer(&layer, &base.top_chain, &top, lease)
-            .await?;
+        // Uncompressed: the layer's digest is its diff id.
+        self.unpack_layer(
+            layer,
+            &layer_digest,
+            &base.top_chain.to_string(),
+            &top,
+            lease,
+        )
+        .await?;
         let config_labels = HashMap::from([(
             format!("containerd.io/gc.ref.snapshot.{}", self.snapshotter),
             top.to_string(),
@@ -231,76 +236,6 @@ impl Containerd {
             name: name.to_owned(),
             bytes: layer_size,
         })
-    }
-
-    /// Applies `layer` onto `parent`'s snapshot and commits it as `chain_id`, unless a
-    /// snapshot of that chain id exists already.
-    async fn unpack_layer(
-        &self,
-        layer: &GrpcDescriptor,
-        parent: &Digest,
-        chain_id: &Digest,
-        lease: &str,
-    ) -> Result<()> {
-        let key = unique(&format!("narya-extract-{}", chain_id.hex()));
-        let mounts = self
-            .conn
-            .snapshots()
-            .prepare(self.conn.leased(
-                PrepareSnapshotRequest {
-                    snapshotter: self.snapshotter.clone(),
-                    key: key.clone(),
-                    parent: parent.to_string(),
-                    labels: HashMap::new(),
-                },
-                lease,
-            ))
-            .await
-            .map_err(|e| classify("preparing the committed layer's snapshot", e))?
-            .into_inner()
-            .mounts;
-        let applied = self
-            .conn
-            .diff()
-            .apply(self.conn.leased(
-                ApplyRequest {
-                    diff: Some(layer.clone()),
-                    mounts,
-                    payloads: HashMap::new(),
-                    sync_fs: false,
-                },
-                lease,
-            ))
-            .await;
-        if let Err(e) = applied {
-            self.remove_snapshot(&key).await;
-            return Err(classify("applying the committed layer", e));
-        }
-        let committed = self
-            .conn
-            .snapshots()
-            .commit(self.conn.leased(
-                CommitSnapshotRequest {
-                    snapshotter: self.snapshotter.clone(),
-                    name: chain_id.to_string(),
-                    key: key.clone(),
-                    labels: HashMap::new(),
-                },
-                lease,
-            ))
-            .await;
-        match committed {
-            Ok(_) => Ok(()),
-            // The same layer on the same parent, committed before: as good.
-            Err(e) if e.code() == tonic::Code::AlreadyExists => {
-                self.remove_snapshot(&key).await;
-                Ok(())
-            }
-            Err(e) => {
-                self.remove_snapshot(&key).await;
-                Err(classify("committing the committed layer's snapshot", e))
-            }
-        }
     }
 
     /// The image a committed layer `name` is kept as, ready to start machines from.

@@ -194,87 +194,106 @@ impl Containerd {
                 Err(e) if is_not_found(&e) => {}
                 Err(e) => return Err(classify("checking a layer snapshot", e)),
             }
-            let key = unique(&format!("narya-extract-{}", chain[i].hex()));
-            let mounts = self
-                .conn
-                .snapshots()
-                .prepare(self.conn.leased(
-                    PrepareSnapshotRequest {
-                        snapshotter: self.snapshotter.clone(),
-                        key: key.clone(),
-                        parent: parent.clone(),
-                        labels: HashMap::new(),
-                    },
-                    lease,
-                ))
-                .await
-                .map_err(|e| classify("preparing a layer snapshot", e))?
-                .into_inner()
-                .mounts;
-            let applied = self
-                .conn
-                .diff()
-                .apply(self.conn.leased(
-                    ApplyRequest {
-                        diff: Some(descriptor(layer)),
-                        mounts,
-                        payloads: HashMap::new(),
-                        sync_fs: false,
-                    },
-                    lease,
-                ))
-                .await;
-            let verdict = match applied {
-                Ok(r) => match r.into_inner().applied {
-                    Some(d) if d.digest == config.rootfs.diff_ids[i].to_string() => Ok(()),
-                    Some(d) => Err(RuntimeError::plain(
-                        ErrorKind::Image,
-                        format!(
-                            "layer {} unpacked to {}, but the image config names diff id {}",
-                            layer.digest, d.digest, config.rootfs.diff_ids[i]
-                        ),
-                    )),
-                    None => Err(RuntimeError::plain(
-                        ErrorKind::Image,
-                        format!(
-                            "containerd applied layer {} without saying what it applied",
-                            layer.digest
-                        ),
-                    )),
-                },
-                Err(e) => Err(classify(&format!("applying layer {}", layer.digest), e)),
-            };
-            if let Err(e) = verdict {
-                self.remove_snapshot(&key).await;
-                return Err(e);
-            }
-            let committed = self
-                .conn
-                .snapshots()
-                .commit(self.conn.leased(
-                    CommitSnapshotRequest {
-                        snapshotter: self.snapshotter.clone(),
-                        name: chain_id.clone(),
-                        key: key.clone(),
-                        labels: HashMap::new(),
-                    },
-                    lease,
-                ))
-                .await;
-            match committed {
-                Ok(_) => {}
-                // Another process committed the same layer meanwhile: theirs is as good.
-                Err(e) if e.code() == tonic::Code::AlreadyExists => {
-                    self.remove_snapshot(&key).await
-                }
-                Err(e) => {
-                    self.remove_snapshot(&key).await;
-                    return Err(classify("committing a layer snapshot", e));
-                }
-            }
+            self.unpack_layer(
+                descriptor(layer),
+                &config.rootfs.diff_ids[i],
+                &parent,
+                &chain[i],
+                lease,
+            )
+            .await?;
             parent = chain_id;
         }
         Ok(())
+    }
+
+    /// Applies `layer` (whose uncompressed digest must be `diff_id`) onto snapshot `parent`
+    /// and commits it as `chain_id`; another process committing the same meanwhile is as good.
+    pub(super) async fn unpack_layer(
+        &self,
+        layer: GrpcDescriptor,
+        diff_id: &Digest,
+        parent: &str,
+        chain_id: &Digest,
+        lease: &str,
+    ) -> Result<()> {
+        let key = unique(&format!("narya-extract-{}", chain_id.hex()));
+        let mounts = self
+            .conn
+            .snapshots()
+            .prepare(self.conn.leased(
+                PrepareSnapshotRequest {
+                    snapshotter: self.snapshotter.clone(),
+                    key: key.clone(),
+                    parent: parent.to_owned(),
+                    labels: HashMap::new(),
+                },
+                lease,
+            ))
+            .await
+            .map_err(|e| classify("preparing a layer snapshot", e))?
+            .into_inner()
+            .mounts;
+        let digest = layer.digest.clone();
+        let applied = self
+            .conn
+            .diff()
+            .apply(self.conn.leased(
+                ApplyRequest {
+                    diff: Some(layer),
+                    mounts,
+                    payloads: HashMap::new(),
+                    sync_fs: false,
+                },
+                lease,
+            ))
+            .await;
+        let verdict = match applied {
+            Ok(r) => match r.into_inner().applied {
+                Some(d) if d.digest == diff_id.to_string() => Ok(()),
+                Some(d) => Err(RuntimeError::plain(
+                    ErrorKind::Image,
+                    format!(
+                        "layer {digest} unpacked to {}, but the image config names diff id {diff_id}",
+                        d.digest
+                    ),
+                )),
+                None => Err(RuntimeError::plain(
+                    ErrorKind::Image,
+                    format!("containerd applied layer {digest} without saying what it applied"),
+                )),
+            },
+            Err(e) => Err(classify(&format!("applying layer {digest}"), e)),
+        };
+        if let Err(e) = verdict {
+            self.remove_snapshot(&key).await;
+            return Err(e);
+        }
+        let committed = self
+            .conn
+            .snapshots()
+            .commit(self.conn.leased(
+                CommitSnapshotRequest {
+                    snapshotter: self.snapshotter.clone(),
+                    name: chain_id.to_string(),
+                    key: key.clone(),
+                    labels: HashMap::new(),
+                },
+                lease,
+            ))
+            .await;
+        match committed {
+            Ok(_) => Ok(()),
+            // Another process committed the same layer meanwhile: theirs is as good.
+            Err(e) if e.code() == tonic::Code::AlreadyExists => {
+                self.remove_snapshot(&key).await;
+                Ok(())
+            }
+            Err(e) => {
+                self.remove_snapshot(&key).await;
+                Err(classify("committing a layer snapshot", e))
+            }
+        }
     }
 
     pub(crate) async fn remove_snapshot(&self, key: &str) {
