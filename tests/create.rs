@@ -89,7 +89,7 @@ async fn setup_runs_once_as_the_unprivileged_user_in_the_workspace(backend: Back
     let id = unique_id("setup");
     let answer = create(
         &client,
-        json!({"id": id, "setup": "echo hello; id -u; pwd; echo data > ~/marker"}),
+        json!({"id": id, "setup": "echo hello; id -u; pwd; echo data > marker"}),
     )
     .await;
     assert_eq!(answer.status, StatusCode::CREATED);

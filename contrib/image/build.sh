@@ -4,6 +4,15 @@
 # in DIR (manifest named "official") and the same layout as an oci-archive in DIR.tar, and pushes
 # it to a registry when asked. Prints the manifest digest (sha256:...) on stdout at the end.
 #
+# The image is a base a setup script can build on: fetching and unpacking tools, a C toolchain,
+# Python with venv and pip, an SSH client, tzdata and the C.UTF-8 locale (built into glibc). The
+# user narya (1000:1000) has its HOME in /home/narya, apart from the workspace, and owns
+# /usr/local and /opt, so `make install` and tarball installers work without root.
+#
+# DIR is reused when it holds a layout this same recipe built: DIR/.narya-build-stamp records a
+# hash of what decides the image's content (this script, the mirror helper, the packer's source,
+# SOURCE_DATE_EPOCH); a layout without it or with another one is built afresh.
+#
 # Environment:
 #   SOURCE_DATE_EPOCH   timestamps of the image (default: 1747699200, 2025-05-20T00:00:00Z)
 #   DEBIAN_MIRROR       Debian archive (default: the host's apt source for Debian, else deb.debian.org)
@@ -17,7 +26,8 @@ usage() {
 usage: contrib/image/build.sh DIR [--rebuild] [--push HOST[:PORT]/REPO:TAG [--insecure]]
 
   DIR         where the OCI image layout goes (DIR.tar gets the same as an oci-archive);
-              an existing layout there is reused unless --rebuild is given
+              an existing layout there is reused when this recipe built it (its
+              .narya-build-stamp matches) unless --rebuild is given
   --rebuild   build afresh even when DIR already holds a layout
   --push REF  copy the image to the registry at REF, keeping its manifest digest
   --insecure  talk to that registry over plain HTTP / without verifying TLS
@@ -66,12 +76,39 @@ readonly tag=official
 readonly user_id=1000
 readonly group_id=1000
 readonly workspace=/workspace
+readonly home=/home/narya
+# Besides minbase (Essential and apt): what a setup script reaches for first.
+readonly packages=(
+    bash ca-certificates git tini
+    curl wget openssh-client
+    xz-utils zstd bzip2 unzip zip
+    build-essential pkg-config
+    python3 python3-venv python3-pip
+    procps less jq file tzdata
+)
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1747699200}
 case "$SOURCE_DATE_EPOCH" in
 '' | *[!0-9]*) die "SOURCE_DATE_EPOCH must be a number of seconds (got \"$SOURCE_DATE_EPOCH\")" ;;
 esac
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 started=$(date +%s)
+
+# What decides the image's content besides the mirror: a layout whose stamp differs was built by
+# another recipe (say, before a package was added) and is not reused.
+readonly stamp_file=.narya-build-stamp
+recipe_stamp() {
+    {
+        echo "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH"
+        for f in contrib/image/build.sh contrib/lib/debian-mirror.sh oci/src/layout/pack.rs; do
+            if [ -f "$repo_root/$f" ]; then
+                echo "$f $(sha256sum <"$repo_root/$f" | cut -d' ' -f1)"
+            else
+                echo "$f absent"
+            fi
+        done
+    } | sha256sum | cut -d' ' -f1
+}
+stamp=$(recipe_stamp)
 
 # The manifest digest a layout's index.json names (the packer writes exactly one).
 layout_digest() {
@@ -120,6 +157,11 @@ push_image() {
     say "pushed: $push@$digest"
 }
 
+if [ -f "$dir/index.json" ] && [ "$rebuild" = 0 ] &&
+    [ "$(cat "$dir/$stamp_file" 2>/dev/null)" != "$stamp" ]; then
+    say "$dir holds a layout built by another recipe (its $stamp_file differs): building afresh"
+    rebuild=1
+fi
 if [ -f "$dir/index.json" ] && [ "$rebuild" = 0 ]; then
     digest=$(layout_digest "$dir")
     [ -n "$digest" ] || die "$dir/index.json names no manifest; rebuild with --rebuild"
@@ -155,11 +197,18 @@ root="\$1"
 chmod 0644 "\$root/etc/resolv.conf" "\$root/etc/hostname"
 if ! grep -q '^narya:' "\$root/etc/passwd"; then
     echo 'narya:x:$group_id:' >> "\$root/etc/group"
-    echo 'narya:x:$user_id:$group_id:Narya:$workspace:/bin/bash' >> "\$root/etc/passwd"
+    echo 'narya:x:$user_id:$group_id:Narya:$home:/bin/bash' >> "\$root/etc/passwd"
     if [ -f "\$root/etc/gshadow" ]; then echo 'narya:!::' >> "\$root/etc/gshadow"; fi
     if [ -f "\$root/etc/shadow" ]; then echo 'narya:*:$shadow_day:0:99999:7:::' >> "\$root/etc/shadow"; fi
 fi
 install -d -m 0755 -o $user_id -g $group_id "\$root$workspace"
+# The user's home, as useradd -m would make it (with /etc/skel's dotfiles).
+install -d -m 0755 -o $user_id -g $group_id "\$root$home"
+cp -a "\$root/etc/skel/." "\$root$home/"
+chown -R -h $user_id:$group_id "\$root$home"
+# Installers (make install, tarballs) write here as the user, without root.
+install -d -m 0755 "\$root/opt"
+chown -R -h $user_id:$group_id "\$root/usr/local" "\$root/opt"
 rm -rf "\$root"/var/lib/apt/lists/* "\$root"/var/cache/apt/* \\
     "\$root"/var/cache/debconf/*-old "\$root"/var/lib/dpkg/*-old
 EOF
@@ -169,7 +218,7 @@ say "building $suite (minbase) from $mirror and $security_mirror, SOURCE_DATE_EP
 # Standard input is closed: without it, mmdebstrap would read apt sources from a non-terminal stdin.
 TMPDIR=$work mmdebstrap \
     --variant=minbase \
-    --include=git,ca-certificates,bash,tini \
+    --include="$(IFS=,; echo "${packages[*]}")" \
     --format=tar \
     --aptopt='Acquire::Languages "none"' \
     --dpkgopt='path-exclude=/usr/share/man/*' \
@@ -207,6 +256,7 @@ if [ -e "$dir" ]; then
     mv "$dir" "$work/previous"
 fi
 mv -f "$work/layout.tar" "$dir.tar"
+echo "$stamp" > "$work/layout/$stamp_file"
 mv "$work/layout" "$dir"
 
 rootfs_size=$(stat -c %s "$work/rootfs.tar")

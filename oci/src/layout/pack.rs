@@ -22,6 +22,14 @@ use crate::Digest;
 /// `PATH` in the official image's environment.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// `HOME` in the official image's environment: the user's home in the machine, kept apart from the
+/// workspace so that tools' caches and dotfiles stay out of the repository's checkout.
+/// `contrib/image/build.sh` makes it, owned by the user, and names it in `/etc/passwd`.
+pub const DEFAULT_HOME: &str = "/home/narya";
+
+/// `LANG` in the official image's environment: glibc's built-in UTF-8 locale, no `locales` needed.
+pub const DEFAULT_LANG: &str = "C.UTF-8";
+
 /// What [`pack`] puts into the image configuration besides the layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PackOptions {
@@ -29,7 +37,8 @@ pub struct PackOptions {
     pub tag: String,
     /// `config.User`: the `uid:gid` processes of the image run as.
     pub user: String,
-    /// `config.WorkingDir`, also the user's `HOME`: the workspace is the user's home.
+    /// `config.WorkingDir`: where processes start, the workspace. The user's `HOME` is
+    /// [`DEFAULT_HOME`], not this.
     pub workdir: String,
     /// `created` of the configuration and its history entry, RFC 3339. Fixed for reproducibility.
     pub created: String,
@@ -78,7 +87,8 @@ pub fn pack(
             user: Some(options.user.clone()),
             env: vec![
                 format!("PATH={DEFAULT_PATH}"),
-                format!("HOME={}", options.workdir),
+                format!("HOME={DEFAULT_HOME}"),
+                format!("LANG={DEFAULT_LANG}"),
             ],
             working_dir: Some(options.workdir.clone()),
             ..ContainerConfig::default()
@@ -359,7 +369,11 @@ mod tests {
         assert_eq!(config.config.working_dir.as_deref(), Some("/workspace"));
         assert_eq!(
             config.config.env,
-            vec![format!("PATH={DEFAULT_PATH}"), "HOME=/workspace".to_owned()]
+            vec![
+                format!("PATH={DEFAULT_PATH}"),
+                "HOME=/home/narya".to_owned(),
+                "LANG=C.UTF-8".to_owned()
+            ]
         );
         assert_eq!(config.history.len(), 1);
 
