@@ -52,7 +52,7 @@ struct PackImageArgs {
     /// The `uid:gid` the image's processes run as.
     #[arg(long, default_value = "1000:1000")]
     user: String,
-    /// The working directory, also the user's HOME.
+    /// The working directory (the user's HOME is /home/narya, apart from it).
     #[arg(long, default_value = "/workspace")]
     workdir: String,
     /// The image's creation time, RFC 3339 [default: from SOURCE_DATE_EPOCH, else the epoch].
