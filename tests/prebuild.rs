@@ -300,8 +300,13 @@ async fn a_setup_that_fails_or_another_organisation_never_gets_a_prebuild(backen
 }
 
 async fn past_max_bytes_the_least_recently_used_prebuild_leaves(backend: Backend) {
-    // Each setup below keeps about 3 MiB; two fit, three do not.
-    let Some(host) = Host::start_on(backend, &prebuild_toml("7MiB")).await else {
+    // Each setup below writes 3 MiB, which containerd keeps twice (the layer's archive and its
+    // unpacked snapshot) and Docker once; two prebuilds fit, three do not.
+    let max_bytes = match backend {
+        Backend::Containerd => "14MiB",
+        Backend::Docker | Backend::Podman => "7MiB",
+    };
+    let Some(host) = Host::start_on(backend, &prebuild_toml(max_bytes)).await else {
         return;
     };
     let client = host.acme();
@@ -393,12 +398,106 @@ async fn a_daemon_killed_while_making_a_prebuild_leaves_none_to_serve(backend: B
     }
 }
 
+async fn what_a_setup_leaves_running_is_frozen_while_kept_and_runs_on_after(backend: Backend) {
+    let Some(host) = Host::start_on(backend, &prebuild_toml("20GiB")).await else {
+        return;
+    };
+    let client = host.acme();
+    // A process the setup leaves behind, writing as fast as it can into the layer and the
+    // workspace while the prebuild is made.
+    let setup = "setsid sh -c 'while :; do echo tick >> /home/narya/ticks; echo tick >> /workspace/ticks; done' \
+         </dev/null >/dev/null 2>&1 &
+until [ -s /home/narya/ticks ] && [ -s /workspace/ticks ]; do sleep 0.05; done
+echo started";
+    let first = unique_id("pb-busy");
+    created_ready(&host, &client, json!({"id": first, "setup": setup})).await;
+    assert_eq!(copies(&host).len(), 1, "{}", host.daemon.log());
+    // Thawed: it runs on in the environment that made the prebuild.
+    let count = "wc -l < /home/narya/ticks";
+    let before: u64 = run(&client, &first, count).await.trim().parse().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after: u64 = run(&client, &first, count).await.trim().parse().unwrap();
+    assert!(
+        after > before,
+        "the setup's process stopped: {before} then {after}"
+    );
+    // What was kept is whole lines only, each file as it stood at one instant.
+    let second = unique_id("pb-busy-again");
+    let env = created_ready(&host, &client, json!({"id": second, "setup": setup})).await;
+    assert!(env["setup"]["prebuilt_at"].is_string(), "{env}");
+    let kept = run(
+        &client,
+        &second,
+        "grep -cv '^tick$' /home/narya/ticks /workspace/ticks || true",
+    )
+    .await;
+    assert_eq!(kept, "/home/narya/ticks:0\n/workspace/ticks:0\n");
+    for id in [&first, &second] {
+        assert_eq!(delete(&client, id).await.status, StatusCode::NO_CONTENT);
+    }
+}
+
+async fn a_prebuild_whose_layer_the_runtime_lost_is_forgotten(backend: Backend) {
+    let Some(host) = Host::start_on(backend, &prebuild_toml("20GiB")).await else {
+        return;
+    };
+    let client = host.acme();
+    let first = unique_id("pb-lost");
+    created_ready(&host, &client, json!({"id": first, "setup": SETUP})).await;
+    let kept = copies(&host);
+    assert_eq!(kept.len(), 1);
+    // The committed layer removed behind the daemon's back.
+    let image = format!("narya.local/prebuild:{}", kept[0]);
+    let removed = match backend {
+        Backend::Containerd => std::process::Command::new("ctr")
+            .args(["--address", &host.socket, "-n", support::e2e::NAMESPACE])
+            .args(["images", "rm", "--sync", &image])
+            .output(),
+        Backend::Docker | Backend::Podman => std::process::Command::new("docker")
+            .args([
+                "-H",
+                &format!("unix://{}", host.socket),
+                "rmi",
+                "-f",
+                &image,
+            ])
+            .output(),
+    }
+    .unwrap();
+    assert!(
+        removed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    // The create that meets it fails and is taken back; the prebuild is forgotten with it.
+    let second = unique_id("pb-lost-again");
+    let failed = create(&client, json!({"id": second, "setup": SETUP})).await;
+    assert_ne!(failed.status, StatusCode::CREATED, "{}", host.daemon.log());
+    assert!(failed.error().is_some());
+    assert_eq!(get(&client, &second).await.status, StatusCode::NOT_FOUND);
+    assert!(
+        copies(&host).iter().all(|c| c != &kept[0]),
+        "{:?}",
+        copies(&host)
+    );
+    // Its retry provisions afresh, and makes a prebuild again.
+    let env = created_ready(&host, &client, json!({"id": second, "setup": SETUP})).await;
+    assert!(env["setup"].get("prebuilt_at").is_none(), "{env}");
+    assert_eq!(run(&client, &second, "cat /home/narya/.runs").await, "1\n");
+    assert_eq!(copies(&host).len(), 1);
+    for id in [&first, &second] {
+        assert_eq!(delete(&client, id).await.status, StatusCode::NO_CONTENT);
+    }
+}
+
 on_every_engine!(
     a_repeat_create_of_the_same_key_starts_from_the_first_ones_setup,
     a_setup_that_fails_or_another_organisation_never_gets_a_prebuild,
 );
 
 on_both_backends!(
+    what_a_setup_leaves_running_is_frozen_while_kept_and_runs_on_after,
+    a_prebuild_whose_layer_the_runtime_lost_is_forgotten,
     past_max_bytes_the_least_recently_used_prebuild_leaves,
     a_daemon_killed_while_making_a_prebuild_leaves_none_to_serve,
 );

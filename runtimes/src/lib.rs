@@ -225,7 +225,8 @@ pub struct MachineSpec {
 pub struct Committed {
     /// The name it was kept under, as given to `commit`.
     pub name: String,
-    /// What it holds, in bytes (the layer's archive, uncompressed).
+    /// What it holds on the host, in bytes: everything the runtime keeps of it (on containerd
+    /// the layer's archive and its unpacked snapshot; on Docker the layer).
     pub bytes: u64,
 }
 

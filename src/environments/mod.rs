@@ -20,6 +20,7 @@ mod create;
 mod delete;
 mod error;
 mod exec;
+mod freeze;
 mod locks;
 mod pool;
 mod prebuild;
@@ -88,6 +89,8 @@ pub struct Environments {
     /// Held to read while a create takes a prebuild, to write while prebuilds are removed:
     /// none goes from under a create that found it.
     prebuild_guard: tokio::sync::RwLock<()>,
+    /// The layers of the prebuilds this daemon is making now.
+    prebuilds_making: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Environments {
@@ -110,6 +113,7 @@ impl Environments {
             metrics: Metrics::default(),
             quotas: None,
             prebuild_guard: tokio::sync::RwLock::new(()),
+            prebuilds_making: Default::default(),
         }
     }
 

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use narya_runtimes::PinnedImage;
+use narya_runtimes::{ErrorKind, PinnedImage};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::broadcast;
 
@@ -127,6 +127,13 @@ impl Environments {
         if prebuild.organisation != row.organisation || prebuild.image_digest != row.image_digest {
             return Ok(None);
         }
+        if !self.prebuild_workspace(&prebuild.layer).is_dir() {
+            drop(_kept);
+            tracing::warn!(prebuild = %key, "a prebuild's workspace copy is gone; forgetting it");
+            let _only = self.prebuild_guard.write().await;
+            self.drop_prebuild(key, &prebuild.layer).await;
+            return Ok(None);
+        }
         self.store.use_prebuild(&row.id, key).await?;
         Ok(Some(prebuild))
     }
@@ -154,10 +161,24 @@ impl Environments {
         spec.layer = Some(prebuild.layer.clone());
         let starting = self.pool.starting();
         let machine = self.runtime.create_machine(&spec);
-        self.metrics.create_step("machine", machine).await?;
+        if let Err(e) = self.metrics.create_step("machine", machine).await {
+            // A layer the runtime lost (removed behind our back) would fail every create of
+            // this key: the prebuild is forgotten, so that a retry provisions afresh.
+            if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Image) {
+                tracing::warn!(prebuild = %prebuild.key, error = %e, "the runtime cannot start a machine from a prebuild; forgetting it");
+                self.forget_lost_prebuild(&prebuild).await;
+            }
+            return Err(e.into());
+        }
         drop(starting);
         let _ = events.send(Progress::finished("machine"));
         Ok(prebuild.setup)
+    }
+
+    /// Forgets `prebuild`, whose layer the runtime lost: every create of its key would fail.
+    pub(super) async fn forget_lost_prebuild(&self, prebuild: &PrebuildRecord) {
+        let _only = self.prebuild_guard.write().await;
+        self.drop_prebuild(&prebuild.key, &prebuild.layer).await;
     }
 
     /// Keeps what `row`'s setup made as the prebuild of `key`, before anyone can run anything
@@ -172,6 +193,9 @@ impl Environments {
         // The layer's name; it also names the workspace copy. Unique per making, so a layer
         // left by a dead daemon never meets a new one.
         let layer = format!("p-{}-{}", &key[..24], unique_suffix());
+        // Known to be in flight here, so that recovering what an earlier daemon left never
+        // takes it back.
+        let _in_flight = InFlight::new(&self.prebuilds_making, &layer);
         let record = PrebuildRecord {
             key: key.to_owned(),
             organisation: row.organisation.clone(),
@@ -206,10 +230,18 @@ impl Environments {
                 return;
             }
         };
-        if let Err(e) = self.store.finish_prebuild(key, bytes).await {
-            tracing::warn!(error = %e, "could not record a prebuild whole; taking it back");
-            self.drop_prebuild(key, &layer).await;
-            return;
+        match self.store.finish_prebuild(key, bytes).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!("the prebuild's record went while it was made; taking it back");
+                self.drop_prebuild(key, &layer).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record a prebuild whole; taking it back");
+                self.drop_prebuild(key, &layer).await;
+                return;
+            }
         }
         tracing::info!(prebuild = %key, bytes, "prebuild kept");
         self.evict_prebuilds().await;
@@ -225,6 +257,17 @@ impl Environments {
                 "the host has {free} bytes free, below [host] reserve_disk ({reserve})"
             ));
         }
+        // Frozen while its files are read: what the setup left running (a background child) can
+        // neither change what is kept nor swap a directory for a link under the copy.
+        let pid = self
+            .runtime
+            .init_pid(&row.machine)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "the machine is not running".to_owned())?;
+        let frozen = super::freeze::freeze(pid)
+            .await
+            .map_err(|e| format!("cannot freeze the machine: {e}"))?;
         let committed = self
             .runtime
             .commit(&row.machine, layer)
@@ -235,6 +278,9 @@ impl Environments {
         copy_tree(&self.workspace(&row.id), &copy)
             .await
             .map_err(|e| e.to_string())?;
+        drop(frozen);
+        // On disk before it is recorded whole: a host that crashes next serves no torn copy.
+        sync_filesystem(&copy).await.map_err(|e| e.to_string())?;
         let workspace_bytes = tokio::task::spawn_blocking(move || tree_bytes(&copy))
             .await
             .map_err(|e| e.to_string())?;
@@ -306,14 +352,18 @@ impl Environments {
         let Ok(prebuilds) = self.store.prebuilds().await else {
             return;
         };
+        let making = self.prebuilds_in_flight();
         for prebuild in &prebuilds {
-            if !prebuild.ready {
+            if !prebuild.ready && !making.contains(&prebuild.layer) {
                 tracing::warn!(prebuild = %prebuild.key, "taking back a prebuild an earlier daemon left half-made");
                 self.drop_prebuild(&prebuild.key, &prebuild.layer).await;
             }
         }
-        let named: std::collections::HashSet<&str> =
-            prebuilds.iter().map(|p| p.layer.as_str()).collect();
+        let named: std::collections::HashSet<&str> = prebuilds
+            .iter()
+            .map(|p| p.layer.as_str())
+            .chain(making.iter().map(String::as_str))
+            .collect();
         let Ok(entries) = std::fs::read_dir(self.prebuilds_dir()) else {
             return;
         };
@@ -324,6 +374,60 @@ impl Environments {
                 let _ = self.trash.discard(&entry.path());
             }
         }
+        drop(_only);
+        // Past max_bytes since the last start (a smaller max_bytes, pins gone): evicted now.
+        self.evict_prebuilds().await;
+    }
+
+    /// The layers prebuilds are being made under by this daemon now.
+    fn prebuilds_in_flight(&self) -> std::collections::HashSet<String> {
+        self.prebuilds_making
+            .lock()
+            .map(|set| set.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// A layer's name in `set` while its prebuild is being made.
+struct InFlight<'a> {
+    set: &'a std::sync::Mutex<std::collections::HashSet<String>>,
+    layer: String,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(set: &'a std::sync::Mutex<std::collections::HashSet<String>>, layer: &str) -> Self {
+        if let Ok(mut making) = set.lock() {
+            making.insert(layer.to_owned());
+        }
+        InFlight {
+            set,
+            layer: layer.to_owned(),
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut making) = self.set.lock() {
+            making.remove(&self.layer);
+        }
+    }
+}
+
+/// `syncfs` on the filesystem holding `path`, through coreutils' `sync -f`.
+async fn sync_filesystem(path: &Path) -> std::io::Result<()> {
+    let status = tokio::process::Command::new("sync")
+        .arg("-f")
+        .arg(path)
+        .status()
+        .await?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "sync -f {} failed ({status})",
+            path.display()
+        )))
     }
 }
 

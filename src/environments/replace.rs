@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use narya_runtimes::ImageSource;
+use narya_runtimes::{ErrorKind, ImageSource};
 
 use super::{EnvironmentError, Environments, Progress};
 use crate::auth::Principal;
@@ -78,9 +78,21 @@ impl Environments {
             let mut spec = self.machine_spec(&row, pinned, workspace);
             if let Some(prebuild) = prebuild {
                 spec.layer = Some(prebuild.layer.clone());
-                self.runtime.create_machine(&spec).await?;
-                tracing::info!(prebuild = %prebuild.key, "machine made again from its prebuild");
-                return Ok(Some(prebuild.setup));
+                match self.runtime.create_machine(&spec).await {
+                    Ok(_) => {
+                        tracing::info!(prebuild = %prebuild.key, "machine made again from its prebuild");
+                        return Ok(Some(prebuild.setup));
+                    }
+                    // Its layer is gone from the runtime: forgotten, and the machine made from
+                    // the digest with the setup run again, as once the prebuild is evicted.
+                    Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Image) => {
+                        tracing::warn!(prebuild = %prebuild.key, error = %e, "the runtime cannot start a machine from the prebuild; replacing from the digest");
+                        self.forget_lost_prebuild(&prebuild).await;
+                        self.runtime.remove(&row.machine).await?;
+                        spec.layer = None;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             self.runtime.create_machine(&spec).await?;
             tracing::info!("machine made again from the pinned digest");

@@ -351,25 +351,42 @@ pub(super) async fn send(
     what: &'static str,
     request: reqwest::RequestBuilder,
 ) -> Result<(StatusCode, HeaderMap, Vec<u8>), GitHubError> {
-    let unavailable =
-        |e: reqwest::Error| GitHubError::Unavailable(format!("{what}: {}", chain(&e)));
-    let response = request.send().await.map_err(unavailable)?;
+    let response = request.send().await.map_err(unreachable(what))?;
     let status = response.status();
     let headers = response.headers().clone();
-    let bytes = response.bytes().await.map_err(unavailable)?.to_vec();
-    if let Some(retry_after) = super::rate::rate_limited(status, &headers) {
-        return Err(GitHubError::RateLimited {
+    let bytes = response.bytes().await.map_err(unreachable(what))?.to_vec();
+    match not_answering(what, status, &headers, &bytes) {
+        Some(e) => Err(e),
+        None => Ok((status, headers, bytes)),
+    }
+}
+
+/// A GitHub that could not be reached while `what`: `Unavailable`, with the whole cause.
+pub(super) fn unreachable(what: &'static str) -> impl Fn(reqwest::Error) -> GitHubError {
+    move |e| GitHubError::Unavailable(format!("{what}: {}", chain(&e)))
+}
+
+/// The error of an answer that says GitHub is not answering now (rate limited, 5xx, 429), if
+/// it is one.
+pub(super) fn not_answering(
+    what: &'static str,
+    status: StatusCode,
+    headers: &HeaderMap,
+    bytes: &[u8],
+) -> Option<GitHubError> {
+    if let Some(retry_after) = super::rate::rate_limited(status, headers) {
+        return Some(GitHubError::RateLimited {
             what,
             retry_after: retry_after.as_secs(),
         });
     }
     if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-        return Err(GitHubError::Unavailable(format!(
+        return Some(GitHubError::Unavailable(format!(
             "{what}: {status}: {}",
-            message_of(&bytes)
+            message_of(bytes)
         )));
     }
-    Ok((status, headers, bytes))
+    None
 }
 
 /// The OAuth client secret: the file's first line, which must not be empty.

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use reqwest::StatusCode;
 
-use super::app::{refused, send, GitHubApp};
+use super::app::{not_answering, refused, unreachable, GitHubApp};
 use super::{GitHubError, Secret};
 use crate::model::Repository;
 
@@ -23,16 +23,35 @@ fn is_object_name(text: &str) -> bool {
 
 /// The commit `HEAD` names in a git smart-HTTP ref advertisement (protocol v0), if it names
 /// one: an empty repository advertises none.
-pub fn advertised_head(body: &[u8]) -> Option<String> {
+#[cfg(test)]
+fn advertised_head(body: &[u8]) -> Option<String> {
+    first_ref(body).flatten()
+}
+
+/// Like [`advertised_head`] on the beginning of an advertisement: `None` while `body` is too
+/// short to tell, `Some(answer)` once its first ref line (or a malformed one) has arrived.
+fn first_ref(body: &[u8]) -> Option<Option<String>> {
     let mut rest = body;
-    while rest.len() >= 4 {
-        let len = usize::from_str_radix(std::str::from_utf8(&rest[..4]).ok()?, 16).ok()?;
+    loop {
+        if rest.len() < 4 {
+            return None;
+        }
+        let Some(len) = std::str::from_utf8(&rest[..4])
+            .ok()
+            .filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|hex| usize::from_str_radix(hex, 16).ok())
+        else {
+            return Some(None);
+        };
         if len == 0 {
             // A flush packet: after the service announcement, or at the end.
             rest = &rest[4..];
             continue;
         }
-        if len < 4 || len > rest.len() {
+        if len < 4 {
+            return Some(None);
+        }
+        if len > rest.len() {
             return None;
         }
         let line = &rest[4..len];
@@ -41,12 +60,17 @@ pub fn advertised_head(body: &[u8]) -> Option<String> {
             continue;
         }
         // "<object name> <ref>\0<capabilities>\n" for the first; HEAD, when there is one, is it.
-        let line = line.split(|b| *b == 0).next()?;
-        let line = std::str::from_utf8(line).ok()?.trim_end();
-        let (name, reference) = line.split_once(' ')?;
-        return (reference == "HEAD" && is_object_name(name)).then(|| name.to_ascii_lowercase());
+        let line = line.split(|b| *b == 0).next().unwrap_or_default();
+        let Some((name, reference)) = std::str::from_utf8(line)
+            .ok()
+            .and_then(|line| line.trim_end().split_once(' '))
+        else {
+            return Some(None);
+        };
+        return Some(
+            (reference == "HEAD" && is_object_name(name)).then(|| name.to_ascii_lowercase()),
+        );
     }
-    None
 }
 
 /// The commit a fresh clone in `workspace` checked out: `.git/HEAD`, followed to its branch's
@@ -101,16 +125,33 @@ impl GitHubApp {
             "{}/info/refs?service=git-upload-pack",
             self.clone_url(repository)
         );
-        let request = self
+        let mut response = self
             .http()
             .get(url)
-            .basic_auth("x-access-token", Some(token.expose()));
-        let (status, _, body) = send(WHAT, request).await?;
+            .basic_auth("x-access-token", Some(token.expose()))
+            .send()
+            .await
+            .map_err(unreachable(WHAT))?;
+        let status = response.status();
         if status != StatusCode::OK {
-            return Err(refused(WHAT, status, &body));
+            let headers = response.headers().clone();
+            let body = response.bytes().await.map_err(unreachable(WHAT))?;
+            return Err(not_answering(WHAT, status, &headers, &body)
+                .unwrap_or_else(|| refused(WHAT, status, &body)));
         }
-        let body = &body[..body.len().min(MAX_ADVERTISEMENT)];
-        Ok(advertised_head(body))
+        // Read only as far as HEAD's line: a repository's whole list of refs (every pull
+        // request's among them) can be many megabytes.
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(unreachable(WHAT))? {
+            body.extend_from_slice(&chunk);
+            if let Some(head) = first_ref(&body) {
+                return Ok(head);
+            }
+            if body.len() > MAX_ADVERTISEMENT {
+                break;
+            }
+        }
+        Ok(first_ref(&body).flatten())
     }
 }
 
@@ -133,7 +174,15 @@ mod tests {
             )),
             pkt(&format!("{sha} refs/heads/main\n")),
         );
-        assert_eq!(advertised_head(body.as_bytes()), Some(sha));
+        assert_eq!(advertised_head(body.as_bytes()), Some(sha.clone()));
+        // Read as it arrives: undecided until HEAD's line is whole, decided from then on.
+        let head_line_ends = body.find("refs/heads/main\n").unwrap();
+        assert_eq!(first_ref(&body.as_bytes()[..20]), None);
+        assert_eq!(first_ref(&body.as_bytes()[..60]), None);
+        assert_eq!(
+            first_ref(&body.as_bytes()[..head_line_ends]),
+            Some(Some(sha))
+        );
     }
 
     #[test]

@@ -69,14 +69,18 @@ impl Store {
     }
 
     /// Marks prebuild `key` whole, holding `bytes`: from now on creates are served from it.
-    pub async fn finish_prebuild(&self, key: &str, bytes: u64) -> Result<(), StoreError> {
-        sqlx::query("UPDATE prebuilds SET state = 'ready', bytes = ?, last_used = ? WHERE key = ?")
-            .bind(i64::try_from(bytes).unwrap_or(i64::MAX))
-            .bind(millis_now())
-            .bind(key)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+    /// Whether its `making` row was still there to mark.
+    pub async fn finish_prebuild(&self, key: &str, bytes: u64) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE prebuilds SET state = 'ready', bytes = ?, last_used = ? \
+             WHERE key = ? AND state = 'making'",
+        )
+        .bind(i64::try_from(bytes).unwrap_or(i64::MAX))
+        .bind(millis_now())
+        .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// The whole prebuild of `key`, if there is one.
@@ -167,12 +171,17 @@ impl Store {
             .collect()
     }
 
-    /// Forgets prebuild `key` (what it kept is removed by the caller first).
+    /// Forgets prebuild `key` and which environments were made from it (what it kept is
+    /// removed by the caller first): a later prebuild of the same key starts unpinned.
     pub async fn forget_prebuild(&self, key: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM prebuilds WHERE key = ?")
-            .bind(key)
-            .execute(&self.pool)
-            .await?;
+        let mut tx = self.pool.begin().await?;
+        for sql in [
+            "DELETE FROM prebuilds WHERE key = ?",
+            "DELETE FROM prebuild_uses WHERE key = ?",
+        ] {
+            sqlx::query(sql).bind(key).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use containerd_client::services::v1::snapshots::ViewSnapshotRequest;
+use containerd_client::services::v1::snapshots::{UsageRequest, ViewSnapshotRequest};
 use containerd_client::services::v1::{
     CreateImageRequest, DeleteImageRequest, DiffRequest, GetImageRequest, Image,
 };
@@ -186,6 +186,17 @@ impl Containerd {
             lease,
         )
         .await?;
+        // On disk twice: the layer's archive in the content store, and unpacked.
+        let unpacked = self
+            .conn
+            .snapshots()
+            .usage(self.conn.request(UsageRequest {
+                snapshotter: self.snapshotter.clone(),
+                key: top.to_string(),
+            }))
+            .await
+            .map(|r| u64::try_from(r.into_inner().size).unwrap_or(0))
+            .unwrap_or(layer_size);
         let config_labels = HashMap::from([(
             format!("containerd.io/gc.ref.snapshot.{}", self.snapshotter),
             top.to_string(),
@@ -231,10 +242,10 @@ impl Containerd {
             ))
             .await
             .map_err(|e| classify("creating the committed image's record", e))?;
-        tracing::info!(machine = %id, layer = %layer_digest, bytes = layer_size, "machine's layer committed");
+        tracing::info!(machine = %id, layer = %layer_digest, archive = layer_size, unpacked, "machine's layer committed");
         Ok(Committed {
             name: name.to_owned(),
-            bytes: layer_size,
+            bytes: layer_size.saturating_add(unpacked),
         })
     }
 
