@@ -92,6 +92,15 @@ pub struct GitHubDouble {
     _dir: tempfile::TempDir,
 }
 
+/// Writes `files` (path, content) under `dir`.
+fn write_files(dir: &Path, files: &[(&str, &str)]) {
+    for (path, content) in files {
+        let file = dir.join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, content).unwrap();
+    }
+}
+
 /// Runs git in `dir` as the double's author; answers its standard output, which must succeed.
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
@@ -271,11 +280,7 @@ impl GitHubDouble {
     pub fn create_repository(&self, full_name: &str, files: &[(&str, &str)]) -> String {
         let work = tempfile::tempdir().unwrap();
         git(work.path(), &["init", "-q", "-b", "main"]);
-        for (path, content) in files {
-            let file = work.path().join(path);
-            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-            std::fs::write(file, content).unwrap();
-        }
+        write_files(work.path(), files);
         git(work.path(), &["add", "-A"]);
         git(
             work.path(),
@@ -297,11 +302,7 @@ impl GitHubDouble {
         let work = tempfile::tempdir().unwrap();
         let bare = self.shared.repositories.join(format!("{full_name}.git"));
         git(work.path(), &["clone", "-q", bare.to_str().unwrap(), "."]);
-        for (path, content) in files {
-            let file = work.path().join(path);
-            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-            std::fs::write(file, content).unwrap();
-        }
+        write_files(work.path(), files);
         git(work.path(), &["add", "-A"]);
         git(
             work.path(),

@@ -4,13 +4,11 @@
 //! under its chain id, and an image record as the GC root of it all.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
 
 use containerd_client::services::v1::snapshots::{UsageRequest, ViewSnapshotRequest};
 use containerd_client::services::v1::{
     CreateImageRequest, DeleteImageRequest, DiffRequest, GetImageRequest, Image,
 };
-use containerd_client::services::v1::{CreateRequest as CreateLease, DeleteRequest as DeleteLease};
 use containerd_client::types::Descriptor as GrpcDescriptor;
 use narya_oci::manifest::{
     chain_ids, Descriptor, ImageManifest, MEDIA_TYPE_OCI_LAYER, MEDIA_TYPE_OCI_MANIFEST,
@@ -61,27 +59,9 @@ impl Containerd {
                 self.local_image(&digest).await?
             }
         };
-        let lease = unique("narya-commit");
-        let expire =
-            humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(3600))
-                .to_string();
-        self.conn
-            .leases()
-            .create(self.conn.request(CreateLease {
-                id: lease.clone(),
-                labels: HashMap::from([("containerd.io/gc.expire".to_owned(), expire)]),
-            }))
-            .await
-            .map_err(|e| classify("creating a lease", e))?;
+        let lease = self.create_lease("narya-commit").await?;
         let outcome = self.commit_leased(id, name, &base, &lease).await;
-        let _ = self
-            .conn
-            .leases()
-            .delete(self.conn.request(DeleteLease {
-                id: lease,
-                sync: false,
-            }))
-            .await;
+        self.delete_lease(lease).await;
         outcome
     }
 

@@ -59,7 +59,20 @@ impl LocalImages for Containerd {
     /// image record holds it; other processes pulling the same image race safely through
     /// AlreadyExists.
     async fn bring_image(&self, reference: &ImageReference, digest: &Digest) -> Result<()> {
-        let lease = unique("narya-pull");
+        let lease = self.create_lease("narya-pull").await?;
+        let outcome = self.pull(reference, digest, &lease).await;
+        self.delete_lease(lease).await;
+        outcome?;
+        self.local_image(digest).await.map(|_| ())
+    }
+}
+
+impl Containerd {
+    /// A lease of its own for content and snapshots being written, so that nothing is collected
+    /// before an image record holds them; it expires on its own in an hour should the daemon
+    /// die before deleting it.
+    pub(super) async fn create_lease(&self, prefix: &str) -> Result<String> {
+        let lease = unique(prefix);
         let expire =
             humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(3600))
                 .to_string();
@@ -71,7 +84,11 @@ impl LocalImages for Containerd {
             }))
             .await
             .map_err(|e| classify("creating a lease", e))?;
-        let outcome = self.pull(reference, digest, &lease).await;
+        Ok(lease)
+    }
+
+    /// Lets containerd collect what only `lease` held.
+    pub(super) async fn delete_lease(&self, lease: String) {
         let _ = self
             .conn
             .leases()
@@ -80,12 +97,8 @@ impl LocalImages for Containerd {
                 sync: false,
             }))
             .await;
-        outcome?;
-        self.local_image(digest).await.map(|_| ())
     }
-}
 
-impl Containerd {
     async fn pull(&self, reference: &ImageReference, digest: &Digest, lease: &str) -> Result<()> {
         let fetcher = self.pinning.fetcher();
         let (manifest, manifest_bytes) = fetcher.manifest(reference, digest).await?;
