@@ -67,6 +67,53 @@ fn copies(host: &Host) -> Vec<String> {
     }
 }
 
+/// Removes the layers a test's daemon kept (their images in the shared runtime) when the test
+/// ends, also when it failed: every prebuild left has its workspace copy named like its layer.
+struct KeptLayers {
+    backend: Backend,
+    socket: String,
+    copies: PathBuf,
+}
+
+impl KeptLayers {
+    fn of(host: &Host) -> KeptLayers {
+        KeptLayers {
+            backend: host.backend,
+            socket: host.socket.clone(),
+            copies: copies_dir(host),
+        }
+    }
+}
+
+impl Drop for KeptLayers {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(&self.copies) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let image = format!(
+                "narya.local/prebuild:{}",
+                entry.file_name().to_string_lossy()
+            );
+            let _ = remove_image(self.backend, &self.socket, &image);
+        }
+    }
+}
+
+/// Removes `image` from the runtime behind the daemon's back, with its own CLI.
+fn remove_image(backend: Backend, socket: &str, image: &str) -> std::process::Output {
+    match backend {
+        Backend::Containerd => std::process::Command::new("ctr")
+            .args(["--address", socket, "-n", support::e2e::NAMESPACE])
+            .args(["images", "rm", "--sync", image])
+            .output(),
+        Backend::Docker | Backend::Podman => std::process::Command::new("docker")
+            .args(["-H", &format!("unix://{socket}"), "rmi", "-f", image])
+            .output(),
+    }
+    .expect("the runtime's CLI runs")
+}
+
 /// The git requests that fetched objects (not only the refs) so far.
 fn fetches(double: &GitHubDouble) -> usize {
     double
@@ -84,6 +131,7 @@ async fn a_repeat_create_of_the_same_key_starts_from_the_first_ones_setup(backen
     let Some(mut host) = Host::start_on(backend, &extra).await else {
         return;
     };
+    let _layers = KeptLayers::of(&host);
     let client = host.acme();
     let connected = double.connect_as(&client, "acme-admin", 7).await;
     assert_eq!(connected.status, StatusCode::NO_CONTENT);
@@ -269,6 +317,7 @@ async fn a_setup_that_fails_or_another_organisation_never_gets_a_prebuild(backen
     let Some(host) = Host::start_on(backend, &prebuild_toml("20GiB")).await else {
         return;
     };
+    let _layers = KeptLayers::of(&host);
     let acme = host.acme();
     let failing = "echo tried >> /home/narya/tries; exit 3";
     for _ in 0..2 {
@@ -309,6 +358,7 @@ async fn past_max_bytes_the_least_recently_used_prebuild_leaves(backend: Backend
     let Some(host) = Host::start_on(backend, &prebuild_toml(max_bytes)).await else {
         return;
     };
+    let _layers = KeptLayers::of(&host);
     let client = host.acme();
     let setup = |name: &str| {
         format!("head -c 3145728 /dev/urandom > /home/narya/{name}.bin\necho {name}\n")
@@ -340,6 +390,7 @@ async fn a_daemon_killed_while_making_a_prebuild_leaves_none_to_serve(backend: B
     let Some(mut host) = Host::start_on(backend, &prebuild_toml("20GiB")).await else {
         return;
     };
+    let _layers = KeptLayers::of(&host);
     let client = host.acme();
     // Enough in the layer that committing it takes a while.
     let setup = format!("{SETUP}head -c 419430400 /dev/zero > /home/narya/big\n");
@@ -402,6 +453,7 @@ async fn what_a_setup_leaves_running_is_frozen_while_kept_and_runs_on_after(back
     let Some(host) = Host::start_on(backend, &prebuild_toml("20GiB")).await else {
         return;
     };
+    let _layers = KeptLayers::of(&host);
     let client = host.acme();
     // A process the setup leaves behind, writing as fast as it can into the layer and the
     // workspace while the prebuild is made.
@@ -441,6 +493,7 @@ async fn a_prebuild_whose_layer_the_runtime_lost_is_forgotten(backend: Backend) 
     let Some(host) = Host::start_on(backend, &prebuild_toml("20GiB")).await else {
         return;
     };
+    let _layers = KeptLayers::of(&host);
     let client = host.acme();
     let first = unique_id("pb-lost");
     created_ready(&host, &client, json!({"id": first, "setup": SETUP})).await;
@@ -448,22 +501,7 @@ async fn a_prebuild_whose_layer_the_runtime_lost_is_forgotten(backend: Backend) 
     assert_eq!(kept.len(), 1);
     // The committed layer removed behind the daemon's back.
     let image = format!("narya.local/prebuild:{}", kept[0]);
-    let removed = match backend {
-        Backend::Containerd => std::process::Command::new("ctr")
-            .args(["--address", &host.socket, "-n", support::e2e::NAMESPACE])
-            .args(["images", "rm", "--sync", &image])
-            .output(),
-        Backend::Docker | Backend::Podman => std::process::Command::new("docker")
-            .args([
-                "-H",
-                &format!("unix://{}", host.socket),
-                "rmi",
-                "-f",
-                &image,
-            ])
-            .output(),
-    }
-    .unwrap();
+    let removed = remove_image(backend, &host.socket, &image);
     assert!(
         removed.status.success(),
         "{}",
