@@ -57,7 +57,13 @@ pub async fn measure_prebuild(
             .await;
     }
     let measured = measured.map_err(|e| format!("{e:#}\n{}", daemon.log_tail()));
+    let layers = kept_layers(&daemon);
     let stopped = daemon.stop().await;
+    let socket = match backend {
+        Backend::Containerd => setup.containerd_socket,
+        Backend::Docker => setup.docker_socket,
+    };
+    remove_layers(backend, socket, &layers).await;
     let measured = measured?;
     stopped.map_err(|e| format!("{e:#}"))?;
     Ok(measured)
@@ -139,6 +145,43 @@ async fn measure(
     }
     report.bytes = prebuild_bytes(daemon).await? / firsts as u64;
     Ok(report)
+}
+
+/// The layers the daemon's prebuilds keep in the runtime: each workspace copy is named like
+/// its layer.
+fn kept_layers(daemon: &Daemon) -> Vec<String> {
+    std::fs::read_dir(daemon.state.join("prebuilds"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Removes `layers` from the runtime once their daemon stopped, with the runtime's own CLI:
+/// what the run measured leaves nothing behind.
+async fn remove_layers(backend: Backend, socket: &str, layers: &[String]) {
+    for layer in layers {
+        let image = format!("narya.local/prebuild:{layer}");
+        let mut command = match backend {
+            Backend::Containerd => {
+                let mut ctr = tokio::process::Command::new("ctr");
+                ctr.args(["--address", socket, "-n", crate::raw::NAMESPACE])
+                    .args(["images", "rm", &image]);
+                ctr
+            }
+            Backend::Docker => {
+                let mut docker = tokio::process::Command::new("docker");
+                docker.args(["-H", &format!("unix://{socket}"), "rmi", "-f", &image]);
+                docker
+            }
+        };
+        if let Err(e) = command.output().await {
+            eprintln!("narya-bench: cannot remove {image}: {e}");
+        }
+    }
 }
 
 /// What the daemon's prebuilds keep together, from its store.
