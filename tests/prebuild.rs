@@ -271,6 +271,16 @@ async fn a_repeat_create_of_the_same_key_starts_from_the_first_ones_setup(backen
         "only the new digest's prebuild is kept"
     );
     assert_eq!(delete(&client, &other).await.status, StatusCode::NO_CONTENT);
+    // The variant image goes too: no other test knows it.
+    let digest = env["image_digest"].as_str().unwrap_or_default();
+    let image = match backend {
+        Backend::Containerd => format!("narya.local/official@{digest}"),
+        Backend::Docker | Backend::Podman => format!(
+            "narya.local/official:{}",
+            digest.trim_start_matches("sha256:")
+        ),
+    };
+    let _ = remove_image(backend, &host.socket, &image);
 }
 
 /// A copy of the OCI layout at `layout` whose image differs by one config label: another
