@@ -271,7 +271,9 @@ async fn a_repeat_create_of_the_same_key_starts_from_the_first_ones_setup(backen
         "only the new digest's prebuild is kept"
     );
     assert_eq!(delete(&client, &other).await.status, StatusCode::NO_CONTENT);
-    // The variant image goes too: no other test knows it.
+    // The variant image goes too, once no daemon can bring it back (its pool would): no other
+    // test knows it.
+    host.daemon.kill();
     let digest = env["image_digest"].as_str().unwrap_or_default();
     let image = match backend {
         Backend::Containerd => format!("narya.local/official@{digest}"),
