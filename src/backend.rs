@@ -20,6 +20,7 @@ pub fn connect(config: &Config) -> Result<Arc<dyn Runtime>, RuntimeError> {
             insecure_registries: config.image.insecure_registries.clone(),
             fifo_dir: config.state_dir.join("fifo"),
             network: network(config),
+            sandbox: config.runtime.sandbox(),
         })?)),
         // The engine's API version is checked on first use (and by `Docker::version`), so a
         // daemon started before the engine waits for it instead of failing.
@@ -28,6 +29,7 @@ pub fn connect(config: &Config) -> Result<Arc<dyn Runtime>, RuntimeError> {
             insecure_registries: config.image.insecure_registries.clone(),
             network: network(config),
             profile_dir: config.state_dir.join("profiles"),
+            sandbox: config.runtime.sandbox(),
         })?)),
     }
 }

@@ -54,7 +54,8 @@ pub async fn run(config: &Config) -> Result<(), ConformanceError> {
         prefix: format!("narya-conformance-{}", std::process::id()),
         unreachable: Some(unreachable),
         outside: outside.as_ref().map(|o| o.addr),
-        known_gaps: conformance::known_gaps(&version),
+        known_gaps: conformance::known_gaps(&version, &config.runtime.sandbox()),
+        sandbox: config.runtime.sandbox(),
     };
     println!(
         "conformance: {} back end ({version}), image {}",

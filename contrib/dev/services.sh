@@ -114,12 +114,24 @@ start_containerd() {
   fi
 }
 
+# gVisor for `[runtime] sandbox = "gvisor"`, when runsc is installed (.ci/run installs it from
+# bookworm-backports): its wrapper (contrib/runsc/narya-runsc) goes where the Debian package puts
+# it, and dockerd and Podman register it as the runtime "runsc". containerd needs no registration:
+# naryad names the runtime per container.
+RUNSC_WRAPPER=/usr/libexec/narya/runsc
+install_runsc_wrapper() {
+  [ -x /usr/bin/runsc ] || return 0
+  install -D -m 0755 "$(dirname "$0")/../runsc/narya-runsc" "$RUNSC_WRAPPER"
+}
+
 start_dockerd() {
   if docker_up >/dev/null 2>&1; then echo "dockerd: already answering on $DOCKER_SOCK"; return; fi
   command -v dockerd >/dev/null || { fail "dockerd is not installed (apt-get install docker.io)"; return; }
   mkdir -p "$NARYA_DATA_DIR/docker" "$NARYA_RUN_DIR/docker-exec"
   rm -f "$DOCKER_SOCK"
-  setsid dockerd --data-root "$NARYA_DATA_DIR/docker" --exec-root "$NARYA_RUN_DIR/docker-exec" \
+  local runtimes=()
+  [ ! -x "$RUNSC_WRAPPER" ] || runtimes=(--add-runtime "runsc=$RUNSC_WRAPPER")
+  setsid dockerd "${runtimes[@]}" --data-root "$NARYA_DATA_DIR/docker" --exec-root "$NARYA_RUN_DIR/docker-exec" \
     -H "unix://$DOCKER_SOCK" --pidfile "$NARYA_RUN_DIR/docker.pid" \
     --bridge=none --storage-driver overlay2 \
     >"$LOG_DIR/dockerd.log" 2>&1 < /dev/null &
@@ -188,6 +200,9 @@ volume_path = "$NARYA_DATA_DIR/podman/volumes"
 [network]
 network_config_dir = "$PODMAN_CONF/networks"
 CONF
+  if [ -x "$RUNSC_WRAPPER" ]; then
+    printf '\n[engine.runtimes]\nrunsc = ["%s"]\n' "$RUNSC_WRAPPER" >> "$PODMAN_CONF/containers.conf"
+  fi
   rm -f "$PODMAN_SOCK"
   podman_env
   # From /: conmon, which starts every container, inherits the service's working directory and
@@ -218,6 +233,7 @@ case "${1:-start}" in
     mkdir -p "$NARYA_RUN_DIR" "$LOG_DIR"
     mount_data
     mkdir -p "$NARYA_DATA_DIR/tests"
+    install_runsc_wrapper
     start_containerd
     start_dockerd
     start_registry

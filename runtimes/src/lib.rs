@@ -19,6 +19,7 @@ pub mod fetch;
 pub mod host;
 pub mod network;
 pub mod output;
+pub mod sandbox;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -30,6 +31,7 @@ pub use labels::{
     LABEL_DIGEST, LABEL_ENVIRONMENT, LABEL_ORGANISATION, LABEL_POOL, LABEL_THROWAWAY,
 };
 pub use narya_oci::spec::{Limits, OOM_SCORE_ADJ};
+pub use sandbox::Sandbox;
 
 /// The underlying failure a [`RuntimeError`] carries as its source.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -157,6 +159,17 @@ impl fmt::Display for User {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.uid, self.gid)
     }
+}
+
+/// [`Runtime::kill_marked`] through the host's `/proc`, for a machine whose init is `init`.
+pub async fn kill_marked_from_the_host(init: Option<u32>, entry: &str) -> Result<usize> {
+    let Some(init) = init else {
+        return Ok(0);
+    };
+    let entry = entry.to_owned();
+    tokio::task::spawn_blocking(move || host::kill_marked(init, &entry))
+        .await
+        .map_err(|e| RuntimeError::caused(ErrorKind::Other, "killing marked processes", e))
 }
 
 /// Which network a machine joins.
@@ -385,6 +398,15 @@ pub trait Runtime: Send + Sync {
     /// Errors: `Unavailable`, also while the runtime cannot tell a running machine's pid (a busy
     /// containerd shim), never `None` then.
     async fn init_pid(&self, id: &str) -> Result<Option<u32>>;
+
+    /// Kills every process in machine `id` whose environment has `entry` (`KEY=VALUE`) as it
+    /// was started (its init excepted), and answers how many; 0 when the machine is missing or
+    /// not running. This default finds them from the host through [`Runtime::init_pid`]; a
+    /// back end whose machines' processes are not the host's (gVisor) sweeps from inside.
+    /// Errors: as `init_pid`.
+    async fn kill_marked(&self, id: &str, entry: &str) -> Result<usize> {
+        kill_marked_from_the_host(self.init_pid(id).await?, entry).await
+    }
 
     /// Every Narya-labelled machine in the runtime.
     async fn list(&self) -> Result<Vec<MachineInfo>>;

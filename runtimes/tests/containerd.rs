@@ -10,13 +10,23 @@ use std::path::PathBuf;
 use narya_oci::ImageReference;
 use narya_runtimes::containerd::{Containerd, ContainerdConfig};
 use narya_runtimes::network::NetworkConfig;
-use narya_runtimes::{ImageSource, MachineSpec, MachineState, Network, Runtime, User};
+use narya_runtimes::{ImageSource, MachineSpec, MachineState, Network, Runtime, Sandbox, User};
 
 fn containerd(
     socket: &str,
     namespace: &str,
     scratch: &std::path::Path,
     network: Option<NetworkConfig>,
+) -> Containerd {
+    containerd_under(socket, namespace, scratch, network, Sandbox::Container)
+}
+
+fn containerd_under(
+    socket: &str,
+    namespace: &str,
+    scratch: &std::path::Path,
+    network: Option<NetworkConfig>,
+    sandbox: Sandbox,
 ) -> Containerd {
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
     Containerd::new(ContainerdConfig {
@@ -26,6 +36,7 @@ fn containerd(
         insecure_registries: vec![registry],
         fifo_dir: scratch.join("fifo"),
         network,
+        sandbox,
     })
     .expect("the containerd back end builds")
 }
@@ -48,8 +59,16 @@ fn registry_reference() -> Option<ImageReference> {
 
 /// The suite against this back end with the image from `reference`; skipped (outside CI) when
 /// the variables name no such image.
-async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &str) {
+async fn run_suite(
+    reference: Option<ImageReference>,
+    namespace: &str,
+    prefix: &str,
+    sandbox: Option<Sandbox>,
+) {
     let Some(reference) = reference else {
+        return;
+    };
+    let Some(sandbox) = sandbox else {
         return;
     };
     let Some(socket) = support::required("NARYA_TEST_CONTAINERD_SOCKET") else {
@@ -57,11 +76,12 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &
     };
     let scratch = support::scratch();
     let isolated = support::Isolated::new(scratch.path(), None);
-    let runtime = containerd(
+    let runtime = containerd_under(
         &socket,
         namespace,
         scratch.path(),
         Some(isolated.config.clone()),
+        sandbox.clone(),
     );
     let Some(version) = support::answering(&runtime, &socket).await else {
         return;
@@ -79,7 +99,7 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &
         std::sync::Arc::new(unreachable),
         Network::Isolated,
         Some(isolated.outside.addr),
-        &version,
+        support::Engine { version, sandbox },
     );
     support::run_and_judge(&runtime, &fixture).await;
     let left = runtime
@@ -96,12 +116,36 @@ async fn run_suite(reference: Option<ImageReference>, namespace: &str, prefix: &
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_an_oci_layout() {
-    run_suite(layout_reference(), "narya-conformance-layout", "cl").await;
+    run_suite(
+        layout_reference(),
+        "narya-conformance-layout",
+        "cl",
+        Some(Sandbox::Container),
+    )
+    .await;
+}
+
+/// Every group, and the sandbox group, with machines under gVisor.
+#[tokio::test(flavor = "multi_thread")]
+async fn conformance_under_gvisor() {
+    run_suite(
+        layout_reference(),
+        "narya-conformance-gvisor",
+        "cg",
+        support::gvisor("/usr/bin/runsc"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_a_registry() {
-    run_suite(registry_reference(), "narya-conformance-registry", "cr").await;
+    run_suite(
+        registry_reference(),
+        "narya-conformance-registry",
+        "cr",
+        Some(Sandbox::Container),
+    )
+    .await;
 }
 
 /// The socket, containerd in `namespace` (host networking) and the official image from its

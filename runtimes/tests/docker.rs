@@ -11,7 +11,7 @@ use narya_oci::{Digest, ImageReference};
 use narya_runtimes::docker::{Docker, DockerConfig};
 use narya_runtimes::fetch::ImageFetcher;
 use narya_runtimes::network::NetworkConfig;
-use narya_runtimes::{Network, Runtime};
+use narya_runtimes::{Network, Runtime, Sandbox};
 
 /// Each engine has one image store for both suites: they take turns, and each starts without
 /// the image so that its own source is the one that brings it.
@@ -22,12 +22,22 @@ const DOCKER: &str = "NARYA_TEST_DOCKER_SOCKET";
 const PODMAN: &str = "NARYA_TEST_PODMAN_SOCKET";
 
 fn docker(socket: &Path, network: Option<NetworkConfig>, scratch: &Path) -> Docker {
+    docker_under(socket, network, scratch, Sandbox::Container)
+}
+
+fn docker_under(
+    socket: &Path,
+    network: Option<NetworkConfig>,
+    scratch: &Path,
+    sandbox: Sandbox,
+) -> Docker {
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
     Docker::new(DockerConfig {
         socket: socket.to_owned(),
         insecure_registries: vec![registry],
         network,
         profile_dir: scratch.join("profiles"),
+        sandbox,
     })
     .expect("the Docker back end builds")
 }
@@ -160,7 +170,10 @@ fn private_reference(registry: bool, scratch: &Path, prefix: &str) -> Option<Ima
 
 /// The suite against this back end with the image from `reference`; skipped (outside CI) when
 /// the variables name no such image.
-async fn run_suite(registry: bool, prefix: &str, engine: &str) {
+async fn run_suite(registry: bool, prefix: &str, engine: &str, sandbox: Option<Sandbox>) {
+    let Some(sandbox) = sandbox else {
+        return;
+    };
     let scratch = support::scratch();
     let Some(reference) = private_reference(registry, scratch.path(), prefix) else {
         return;
@@ -170,7 +183,12 @@ async fn run_suite(registry: bool, prefix: &str, engine: &str) {
     };
     let socket = PathBuf::from(socket);
     let isolated = support::Isolated::new(scratch.path(), Some(&socket));
-    let runtime = docker(&socket, Some(isolated.config.clone()), scratch.path());
+    let runtime = docker_under(
+        &socket,
+        Some(isolated.config.clone()),
+        scratch.path(),
+        sandbox.clone(),
+    );
     let Some(version) = support::answering(&runtime, &socket.display().to_string()).await else {
         return;
     };
@@ -195,7 +213,7 @@ async fn run_suite(registry: bool, prefix: &str, engine: &str) {
         std::sync::Arc::new(unreachable),
         Network::Isolated,
         Some(isolated.outside.addr),
-        &version,
+        support::Engine { version, sandbox },
     );
     support::run_and_judge(&runtime, &fixture).await;
     forget_image(&socket, &fetcher, &fixture.image.reference, &digest).await;
@@ -204,20 +222,49 @@ async fn run_suite(registry: bool, prefix: &str, engine: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_an_oci_layout() {
-    run_suite(false, "dl", DOCKER).await;
+    run_suite(false, "dl", DOCKER, Some(Sandbox::Container)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_with_the_image_from_a_registry() {
-    run_suite(true, "dr", DOCKER).await;
+    run_suite(true, "dr", DOCKER, Some(Sandbox::Container)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn podman_conformance_with_the_image_from_an_oci_layout() {
-    run_suite(false, "pl", PODMAN).await;
+    run_suite(false, "pl", PODMAN, Some(Sandbox::Container)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn podman_conformance_with_the_image_from_a_registry() {
-    run_suite(true, "pr", PODMAN).await;
+    run_suite(true, "pr", PODMAN, Some(Sandbox::Container)).await;
+}
+
+/// Every group, and the sandbox group, with machines under gVisor (the engine's `runsc`).
+#[tokio::test(flavor = "multi_thread")]
+async fn conformance_under_gvisor() {
+    run_suite(false, "dg", DOCKER, support::gvisor("runsc")).await;
+}
+
+/// Podman's API ignores the runtime a container asks for (Podman issue 28429): gVisor on a
+/// Podman whose default runtime is runc is refused, never run on runc.
+#[tokio::test(flavor = "multi_thread")]
+async fn podman_under_gvisor_is_refused_unless_runsc_is_its_default() {
+    let Some(sandbox) = support::gvisor("runsc") else {
+        return;
+    };
+    let Some(socket) = support::required(PODMAN) else {
+        return;
+    };
+    let scratch = support::scratch();
+    let runtime = docker_under(Path::new(&socket), None, scratch.path(), sandbox);
+    let e = runtime
+        .version()
+        .await
+        .expect_err("a Podman running runc by default refuses gVisor");
+    let message = e.to_string();
+    assert!(
+        message.contains("28429") && message.contains("runtime = \"runsc\""),
+        "{message}"
+    );
 }

@@ -12,7 +12,7 @@ use serde::Deserialize;
 pub use sections::{
     Algorithm, Backend, EnvironmentConfig, GitHub, HostConfig, Identity, Image, LimitsConfig,
     Listen, Log, LogFormat, NetworkSection, OrganisationConfig, PoolConfig, PrebuildConfig,
-    RuntimeConfig, MAX_POOL_SIZE,
+    RuntimeConfig, SandboxKind, MAX_POOL_SIZE,
 };
 pub use values::{
     is_plain_http_off_loopback, parse_bytes, parse_duration, parse_user, DiskLimit, HumanDuration,
@@ -194,6 +194,17 @@ impl Config {
         }
         if self.runtime.containerd_namespace.is_empty() {
             return Err("key `runtime.containerd_namespace` must not be empty".to_owned());
+        }
+        if let Some(runsc) = &self.runtime.runsc {
+            if runsc.is_empty() {
+                return Err("key `runtime.runsc` must not be empty".to_owned());
+            }
+            if self.runtime.backend == Backend::Containerd && !runsc.starts_with('/') {
+                return Err(format!(
+                    "key `runtime.runsc`: {runsc:?} must be the absolute path of the runsc binary \
+                     on containerd (e.g. \"/usr/bin/runsc\")"
+                ));
+            }
         }
         Ok(())
     }

@@ -156,6 +156,47 @@ pub struct RuntimeConfig {
     pub snapshotter: String,
     #[serde(default = "default_docker_socket")]
     pub docker_socket: PathBuf,
+    #[serde(default)]
+    pub sandbox: SandboxKind,
+    /// containerd: the runsc binary; Docker/Podman: the engine's name for it. `None`: the
+    /// back end's default ([`RuntimeConfig::runsc`]).
+    #[serde(default)]
+    pub runsc: Option<String>,
+}
+
+/// `[runtime] sandbox`: the kernel machines run on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxKind {
+    /// runc: the host's kernel.
+    #[default]
+    Container,
+    /// gVisor's runsc: a kernel of its own.
+    Gvisor,
+}
+
+impl RuntimeConfig {
+    /// `runsc`, or its default for the back end: the binary for containerd, the engine's
+    /// runtime name for Docker and Podman.
+    pub fn runsc(&self) -> String {
+        self.runsc.clone().unwrap_or_else(|| {
+            match self.backend {
+                Backend::Containerd => "/usr/bin/runsc",
+                Backend::Docker => "runsc",
+            }
+            .to_owned()
+        })
+    }
+
+    /// The sandbox as the back ends take it.
+    pub fn sandbox(&self) -> narya_runtimes::Sandbox {
+        match self.sandbox {
+            SandboxKind::Container => narya_runtimes::Sandbox::Container,
+            SandboxKind::Gvisor => narya_runtimes::Sandbox::Gvisor {
+                runsc: self.runsc(),
+            },
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -458,6 +499,8 @@ impl Default for RuntimeConfig {
             containerd_namespace: default_containerd_namespace(),
             snapshotter: default_snapshotter(),
             docker_socket: default_docker_socket(),
+            sandbox: SandboxKind::default(),
+            runsc: None,
         }
     }
 }

@@ -117,6 +117,33 @@ fn prebuilds_are_off_by_default_and_bounded_by_max_bytes() {
 }
 
 #[test]
+fn the_sandbox_is_runc_by_default_and_gvisor_names_runsc_per_back_end() {
+    let c = Config::parse(MINIMAL).unwrap();
+    assert_eq!(c.runtime.sandbox, SandboxKind::Container);
+    assert_eq!(c.runtime.sandbox(), narya_runtimes::Sandbox::Container);
+    let c = Config::parse(&format!("{MINIMAL}\n[runtime]\nsandbox = \"gvisor\"\n")).unwrap();
+    assert_eq!(
+        c.runtime.sandbox(),
+        narya_runtimes::Sandbox::Gvisor {
+            runsc: "/usr/bin/runsc".to_owned()
+        }
+    );
+    let docker = format!("{MINIMAL}\n[runtime]\nbackend = \"docker\"\nsandbox = \"gvisor\"\n");
+    assert_eq!(
+        Config::parse(&docker).unwrap().runtime.sandbox(),
+        narya_runtimes::Sandbox::Gvisor {
+            runsc: "runsc".to_owned()
+        }
+    );
+    let relative = format!("{MINIMAL}\n[runtime]\nsandbox = \"gvisor\"\nrunsc = \"runsc\"\n");
+    let e = Config::parse(&relative).unwrap_err();
+    assert!(e.contains("runtime.runsc") && e.contains("absolute"), "{e}");
+    let unknown = format!("{MINIMAL}\n[runtime]\nsandbox = \"kata\"\n");
+    let e = Config::parse(&unknown).unwrap_err();
+    assert!(e.contains("sandbox") && e.contains("gvisor"), "{e}");
+}
+
+#[test]
 fn a_pool_can_be_sized_or_turned_off_but_not_made_huge() {
     let sized = Config::parse(&format!("{MINIMAL}\n[pool]\nsize = 8\n")).unwrap();
     assert_eq!(sized.pool.size, 8);

@@ -171,14 +171,8 @@ impl Environments {
     /// Kills every process in `machine` marked with `entry`. Returns false when the runtime
     /// cannot say where the machine's processes are, so it may be tried again.
     async fn kill_marked(&self, machine: &str, entry: &str) -> bool {
-        match self.runtime.init_pid(machine).await {
-            Ok(Some(init)) => {
-                let mark = entry.to_owned();
-                let killed = tokio::task::spawn_blocking(move || {
-                    narya_runtimes::host::kill_marked(init, &mark)
-                })
-                .await
-                .unwrap_or_default();
+        match self.runtime.kill_marked(machine, entry).await {
+            Ok(killed) => {
                 if killed > 0 {
                     tracing::info!(
                         machine,
@@ -189,8 +183,6 @@ impl Environments {
                 }
                 true
             }
-            // No running machine: nothing of the run runs either.
-            Ok(None) => true,
             Err(e) => {
                 tracing::warn!(machine, run = entry, error = %e, "cannot find a run's processes to kill");
                 false

@@ -79,6 +79,10 @@ impl Runtime for Metered {
         self.counted(self.inner.init_pid(id).await)
     }
 
+    async fn kill_marked(&self, id: &str, entry: &str) -> Result<usize> {
+        self.counted(self.inner.kill_marked(id, entry).await)
+    }
+
     async fn list(&self) -> Result<Vec<MachineInfo>> {
         self.counted(self.inner.list().await)
     }

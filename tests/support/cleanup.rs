@@ -56,6 +56,7 @@ impl Drop for Cleanup {
                         insecure_registries: Vec::new(),
                         fifo_dir,
                         network: None,
+                        sandbox: narya_runtimes::Sandbox::Container,
                     }) {
                         Ok(c) => Arc::new(c),
                         Err(_) => return,
@@ -64,6 +65,7 @@ impl Drop for Cleanup {
                         socket,
                         insecure_registries: Vec::new(),
                         network: None,
+                        sandbox: narya_runtimes::Sandbox::Container,
                         // Only removals are made here: nothing is written to it.
                         profile_dir: std::env::temp_dir().join("narya-test-profiles"),
                     }) {

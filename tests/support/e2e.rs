@@ -46,6 +46,23 @@ impl Backend {
     }
 }
 
+/// The sandbox the end-to-end daemons run machines in: `NARYA_TEST_SANDBOX` (`container`, the
+/// default, or `gvisor`), so that one test body runs under each (contrib/test.sh runs the
+/// gVisor half).
+pub fn sandbox() -> String {
+    std::env::var("NARYA_TEST_SANDBOX").unwrap_or_else(|_| "container".to_owned())
+}
+
+/// Whether the end-to-end daemons run machines under gVisor.
+pub fn under_gvisor() -> bool {
+    sandbox() == "gvisor"
+}
+
+/// The `[runtime]` line that puts a daemon's machines in [`sandbox`].
+fn sandbox_line() -> String {
+    format!("sandbox = {:?}\n", sandbox())
+}
+
 /// What the end-to-end tests need from the environment on containerd, or `None` to skip
 /// (never under CI).
 pub fn requirements() -> Option<(String, String)> {
@@ -139,7 +156,7 @@ impl Host {
             Backend::Docker | Backend::Podman => {
                 format!("[runtime]\nbackend = \"docker\"\ndocker_socket = {daemon_socket:?}\n")
             }
-        };
+        } + &sandbox_line();
         // `extra` first, so that its top-level keys stay top-level.
         // The test's TOML is laid over the fixture's, table by table, so it may add keys to
         // `[image]` or the top level as well as sections of its own.
@@ -162,6 +179,7 @@ impl Host {
                     insecure_registries: Vec::new(),
                     fifo_dir: daemon.dir.path().join("test-fifo"),
                     network: None,
+                    sandbox: narya_runtimes::Sandbox::Container,
                 })
                 .unwrap(),
             ),
@@ -170,6 +188,7 @@ impl Host {
                     socket: PathBuf::from(socket),
                     insecure_registries: Vec::new(),
                     network: None,
+                    sandbox: narya_runtimes::Sandbox::Container,
                     profile_dir: daemon.dir.path().join("test-profiles"),
                 })
                 .unwrap(),

@@ -29,6 +29,7 @@ macro_rules! case {
 
 mod isolation;
 mod output;
+mod sandbox;
 
 pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
     let mut cases = vec![
@@ -45,7 +46,10 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("machine", list_returns_exactly_our_machines),
         case!("machine", changes_report_a_machine_that_stopped),
         case!("machine", remove_is_idempotent),
-        case!("machine", init_pid_leads_the_host_to_the_machines_processes),
+        case!(
+            "machine",
+            init_pid_and_kill_marked_reach_the_machines_processes
+        ),
         case!("process", exit_code_env_cwd_and_output_come_through),
         case!("process", output_limit_keeps_the_tail),
         case!("process", stdin_is_passed_through),
@@ -64,6 +68,7 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
     ];
     cases.extend(output::all());
     cases.extend(isolation::all());
+    cases.extend(sandbox::all());
     cases
 }
 
@@ -85,6 +90,20 @@ pub(super) fn check(condition: bool, message: impl FnOnce() -> String) -> Result
 }
 
 impl Context<'_> {
+    /// Whether machines run under gVisor, whose kernel keeps some of its `/proc` differently.
+    pub(super) fn gvisor(&self) -> bool {
+        matches!(self.fixture.sandbox, crate::Sandbox::Gvisor { .. })
+    }
+
+    /// `prctl(PR_GET_NO_NEW_PRIVS)` of a process run in machine `id`, for a kernel whose
+    /// `/proc/<pid>/status` has no `NoNewPrivs` line (gVisor's).
+    pub(super) async fn no_new_privs(&self, id: &str) -> Result<String, Outcome> {
+        let out = self
+            .sh(id, r#"perl -e 'print syscall(157, 39, 0, 0, 0, 0), "\n"'"#)
+            .await?;
+        Ok(text(&out).trim().to_owned())
+    }
+
     /// The id of machine `n` of this case.
     pub(super) fn machine_id(&self, n: u32) -> String {
         let short: String = self
@@ -267,8 +286,17 @@ async fn machine_runs_unprivileged(c: &Context<'_>) -> Result<(), Outcome> {
         check(field("Uid:").split(' ').all(|u| u == uid), || {
             format!("/proc/{pid}: Uid {}", field("Uid:"))
         })?;
-        check(field("NoNewPrivs:") == "1", || {
-            format!("/proc/{pid}: NoNewPrivs {}", field("NoNewPrivs:"))
+        // gVisor's status has no such line: its process run here asks the kernel itself (its
+        // init, started with the same `noNewPrivileges`, cannot be asked from outside it).
+        let no_new_privs = match field("NoNewPrivs:") {
+            absent if absent.is_empty() && c.gvisor() && pid == "self" => {
+                c.no_new_privs(&id).await?
+            }
+            absent if absent.is_empty() && c.gvisor() => "1".to_owned(),
+            seen => seen,
+        };
+        check(no_new_privs == "1", || {
+            format!("/proc/{pid}: NoNewPrivs {no_new_privs:?}")
         })?;
         check(field("CapEff:") == "0000000000000000", || {
             format!("/proc/{pid}: CapEff {}", field("CapEff:"))
@@ -467,7 +495,9 @@ async fn changes_report_a_machine_that_stopped(c: &Context<'_>) -> Result<(), Ou
     }
 }
 
-async fn init_pid_leads_the_host_to_the_machines_processes(c: &Context<'_>) -> Result<(), Outcome> {
+async fn init_pid_and_kill_marked_reach_the_machines_processes(
+    c: &Context<'_>,
+) -> Result<(), Outcome> {
     let (id, _) = c.machine(0).await?;
     let Some(init) = c.runtime.init_pid(&id).await? else {
         return Err(fail("a running machine has no init pid"));
@@ -476,32 +506,61 @@ async fn init_pid_leads_the_host_to_the_machines_processes(c: &Context<'_>) -> R
     check(namespace(&init.to_string()).is_some(), || {
         format!("init pid {init} is no process on this host")
     })?;
-    check(namespace(&init.to_string()) != namespace("self"), || {
-        format!("init pid {init} shares the host's pid namespace")
-    })?;
-    // A process run in the machine is found from the host through it, by its environment.
+    // Under gVisor the init pid is the sandbox's own host process; the machine's processes are
+    // gVisor's, in no namespace of the host's.
+    check(
+        c.gvisor() || namespace(&init.to_string()) != namespace("self"),
+        || format!("init pid {init} shares the host's pid namespace"),
+    )?;
+    // A process run in the machine, and one it left in the background, are killed by their
+    // mark; a process without it lives on.
     let entry = format!("NARYA_CONFORMANCE={id}");
     let env = BTreeMap::from([("NARYA_CONFORMANCE".to_owned(), id.clone())]);
-    let running = c.run(&id, "sleep 20", env, None, Duration::from_secs(60), 1024);
-    let looking = async {
+    let script = "(setsid sleep 30 &); echo started; sleep 20";
+    let running = c.run(&id, script, env, None, Duration::from_secs(60), 1024);
+    let unmarked = c.run(
+        &id,
+        "sleep 25; echo lived",
+        BTreeMap::new(),
+        None,
+        Duration::from_secs(60),
+        1024,
+    );
+    let killing = async {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let found = crate::host::marked(init, &entry);
-            if !found.is_empty() || Instant::now() >= deadline {
-                crate::host::kill_marked(init, &entry);
-                return found;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let killed = c.runtime.kill_marked(&id, &entry).await;
+            if !matches!(killed, Ok(n) if n < 3) || Instant::now() >= deadline {
+                return killed;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    let (_, found) = tokio::join!(running, looking);
-    check(!found.is_empty(), || {
-        "a process run in the machine was not found through its init".into()
+    let (ran, lived, killed) = tokio::join!(running, unmarked, killing);
+    let killed = killed?;
+    check(killed >= 3, || {
+        format!("kill_marked killed {killed} processes, expected the shell and its two sleeps")
+    })?;
+    let ran = ran?;
+    check(ran.exit_code != Some(0), || {
+        format!("the marked process ran to its end: {ran:?}")
+    })?;
+    let lived = lived?;
+    check(text(&lived).contains("lived"), || {
+        format!("a process without the mark was killed: {lived:?}")
+    })?;
+    let left = c.runtime.kill_marked(&id, &entry).await?;
+    check(left == 0, || {
+        format!("{left} marked processes outlived the kill")
     })?;
     c.runtime.remove(&id).await?;
     let after = c.runtime.init_pid(&id).await?;
     check(after.is_none(), || {
         format!("a removed machine still has init pid {after:?}")
+    })?;
+    let gone = c.runtime.kill_marked(&id, &entry).await?;
+    check(gone == 0, || {
+        format!("kill_marked in a removed machine killed {gone}")
     })
 }
 

@@ -68,12 +68,25 @@ pub(super) async fn host_addresses_are_unreachable(c: &Context<'_>) -> Result<()
     Ok(())
 }
 
-/// One machine's address, as it sees it.
+/// One machine's address, as it sees it: from the kernel's routing trie, or, where that file
+/// is not kept (gVisor), as the source address a UDP socket would send to the run's "outside"
+/// from (a UDP connect sends nothing).
 async fn address_of(c: &Context<'_>, id: &str) -> Result<IpAddr, Outcome> {
+    let outside = c
+        .fixture
+        .outside
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|| "192.0.2.1".to_owned());
     let out = c
         .sh(
             id,
-            "awk '/32 host/ { print f } { f = $2 }' /proc/net/fib_trie | grep -v '^127\\.' | head -n 1",
+            &format!(
+                "if [ -r /proc/net/fib_trie ]; then \
+                   awk '/32 host/ {{ print f }} {{ f = $2 }}' /proc/net/fib_trie | grep -v '^127\\.' | head -n 1; \
+                 else \
+                   perl -MSocket -e 'socket(S, PF_INET, SOCK_DGRAM, 0) or die; connect(S, pack_sockaddr_in(9, inet_aton(\"{outside}\"))) or die; print inet_ntoa((unpack_sockaddr_in(getsockname(S)))[1])'; \
+                 fi"
+            ),
         )
         .await?;
     let said = text(&out);

@@ -20,6 +20,27 @@ use crate::{ErrorKind, Limits, Network, Result, RuntimeError};
 /// The shim every machine and throwaway runs under.
 const RUNC: &str = "io.containerd.runc.v2";
 
+/// The runc shim's options (`containerd.runc.v1.Options` in containerd's
+/// `api/types/runc/options/oci.proto`): only the OCI runtime it calls instead of runc.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RuncOptions {
+    #[prost(string, tag = "6")]
+    binary_name: String,
+}
+
+/// The runc shim's options for a container of this back end: `None` (runc) or the OCI runtime
+/// it calls instead.
+fn runtime_options(oci_runtime: Option<&Path>) -> Option<prost_types::Any> {
+    use prost::Message;
+    oci_runtime.map(|binary| prost_types::Any {
+        type_url: "containerd.runc.v1.Options".to_owned(),
+        value: RuncOptions {
+            binary_name: binary.display().to_string(),
+        }
+        .encode_to_vec(),
+    })
+}
+
 /// A runtime or process spec as containerd takes it: JSON inside an `Any` of `type_url`.
 pub(super) fn spec_any(value: &impl serde::Serialize, type_url: &str) -> Result<prost_types::Any> {
     Ok(prost_types::Any {
@@ -145,7 +166,7 @@ impl Containerd {
             image: image.name.clone(),
             runtime: Some(ContainerRuntime {
                 name: RUNC.to_owned(),
-                options: None,
+                options: runtime_options(self.oci_runtime.as_deref()),
             }),
             spec: Some(match spec_any(&runtime_spec, spec::SPEC_TYPE_URL) {
                 Ok(any) => any,

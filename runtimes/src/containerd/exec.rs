@@ -16,9 +16,9 @@ use super::client::classify;
 use super::container::{spec_any, Placement};
 use super::machine::machine_state;
 use super::{unique, Containerd};
-use crate::labels;
 use crate::output::{InputFifo, OutputFifo};
 use crate::watch::{require_running, watch, AbortOnDrop, Ending, Watched};
+use crate::{labels, sandbox};
 use crate::{ErrorKind, ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec};
 
 /// How long output may still arrive after a process ended (a background child holding stdout).
@@ -137,7 +137,7 @@ impl Containerd {
             let started = Instant::now();
             self.create_task(&id, mounts, stdin, stdout).await?;
             let ended = self
-                .start_and_wait(&id, "", &spec_in.process, &mut stdio)
+                .start_and_wait(&id, "", &spec_in.process, &mut stdio, None)
                 .await?;
             Ok(stdio.outcome(ended, started).await)
         }
@@ -184,13 +184,13 @@ impl Containerd {
             user.set_gid(run_as.user.gid);
             user
         });
-        let process = spec::exec_process(
-            &base,
-            spec_in.argv.clone(),
-            merged_env(&base_env, &spec_in.env),
-            &run_as.cwd,
-        );
         let exec_id = unique("exec");
+        let mut env = merged_env(&base_env, &spec_in.env);
+        // Under gVisor what the process starts is found from inside by this mark.
+        let mark = (self.oci_runtime.is_some() && !sandbox::is_sweep(spec_in))
+            .then(|| format!("{}={exec_id}", sandbox::EXEC_MARK));
+        env.extend(mark.clone());
+        let process = spec::exec_process(&base, spec_in.argv.clone(), env, &run_as.cwd);
         let mut stdio = self.stdio(&exec_id, spec_in)?;
         let (stdin, stdout) = stdio.paths();
         let started = Instant::now();
@@ -207,7 +207,9 @@ impl Containerd {
             }))
             .await
             .map_err(|e| classify(&format!("starting a process in {id}"), e))?;
-        let ended = self.start_and_wait(id, &exec_id, spec_in, &mut stdio).await;
+        let ended = self
+            .start_and_wait(id, &exec_id, spec_in, &mut stdio, mark)
+            .await;
         // The shim copies the process's output into our FIFO on its own time, and a delete
         // stops that copy (after at most 2 s): under load the copy may not even have begun
         // when the process's exit is reported. So the output ends (or its grace passes)
@@ -247,12 +249,14 @@ impl Containerd {
 
     /// Starts process `exec_id` (empty: the task itself) and watches it to its end: on time-out,
     /// or when nobody reads its output, it is killed with everything it started.
+    /// `mark`: the environment entry its processes carry under gVisor, by which they are killed.
     async fn start_and_wait(
         &self,
         id: &str,
         exec_id: &str,
         process: &ProcessSpec,
         stdio: &mut Stdio,
+        mark: Option<String>,
     ) -> Result<Ended> {
         let mut tasks = self.conn.tasks();
         // Wait answers for an exited process too until it is deleted, so it may follow Start.
@@ -294,7 +298,7 @@ impl Containerd {
             deadline: Instant::now() + process.timeout,
             output: &process.output,
         };
-        let kill = self.kill_process(id, exec_id, pid);
+        let kill = self.kill_process(id, exec_id, pid, mark.as_deref());
         // After a kill the wait still answers, once the process is gone.
         let (status, timed_out, killed) = match watch(&watched, wait.as_mut(), kill).await {
             Ending::Ended(status) => (status, false, false),
@@ -318,8 +322,14 @@ impl Containerd {
     }
 
     /// Kills process `exec_id` of task `id` (host pid `pid`) and everything it started; for
-    /// the task itself (empty `exec_id`), every process in the container.
-    async fn kill_process(&self, id: &str, exec_id: &str, pid: u32) {
+    /// the task itself (empty `exec_id`), every process in the container. Under gVisor the host
+    /// pid is gVisor's own, and what carries `mark` is killed from inside.
+    async fn kill_process(&self, id: &str, exec_id: &str, pid: u32, mark: Option<&str>) {
+        if let Some(mark) = mark {
+            if let Err(e) = Box::pin(sandbox::sweep_in(self, id, mark)).await {
+                tracing::warn!(machine = id, error = %e, "cannot kill a process's tree in its sandbox");
+            }
+        }
         if !exec_id.is_empty() {
             crate::host::kill_tree(pid);
         }

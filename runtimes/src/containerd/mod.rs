@@ -26,7 +26,7 @@ use crate::network::{Isolation, NetworkConfig};
 use crate::pinning::ImagePinning;
 use crate::{
     ErrorKind, ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage, ProcessOutcome,
-    ProcessSpec, Result, Runtime, RuntimeError, ThrowawayInfo, ThrowawaySpec,
+    ProcessSpec, Result, Runtime, RuntimeError, Sandbox, ThrowawayInfo, ThrowawaySpec,
 };
 
 /// How to reach containerd and where to keep things.
@@ -40,6 +40,8 @@ pub struct ContainerdConfig {
     pub fifo_dir: PathBuf,
     /// Isolated networking (`network = "isolated"`); `None`: machines asking for it fail.
     pub network: Option<NetworkConfig>,
+    /// The kernel machines and throwaways run on.
+    pub sandbox: Sandbox,
 }
 
 /// The containerd back end.
@@ -54,6 +56,9 @@ pub struct Containerd {
     /// answers dozens of simultaneous execs so slowly that they time out, so they queue here.
     exec_gates: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     isolation: Option<Arc<Isolation>>,
+    /// The OCI runtime the runc shim calls instead of runc (`BinaryName`): the runsc wrapper
+    /// under gVisor.
+    oci_runtime: Option<PathBuf>,
 }
 
 /// Processes one machine's shim is given at once; the rest wait their turn.
@@ -88,6 +93,14 @@ impl Containerd {
                 e,
             )
         })?;
+        // Beside the FIFOs, in the daemon's own directory.
+        let oci_runtime = match &config.sandbox {
+            Sandbox::Container => None,
+            Sandbox::Gvisor { runsc } => Some(crate::sandbox::write_wrapper(
+                std::path::Path::new(runsc),
+                &config.fifo_dir.with_file_name("narya-runsc"),
+            )?),
+        };
         let isolation = match config.network {
             Some(network) => {
                 let isolation = Isolation::new(network)?;
@@ -107,6 +120,7 @@ impl Containerd {
             fifo_dir: config.fifo_dir,
             images: Mutex::new(HashMap::new()),
             exec_gates: std::sync::Mutex::new(HashMap::new()),
+            oci_runtime,
         })
     }
 }
@@ -183,6 +197,13 @@ impl Runtime for Containerd {
 
     async fn init_pid(&self, id: &str) -> Result<Option<u32>> {
         self.machine_init_pid(id).await
+    }
+
+    async fn kill_marked(&self, id: &str, entry: &str) -> Result<usize> {
+        if self.oci_runtime.is_some() {
+            return crate::sandbox::sweep_in(self, id, entry).await;
+        }
+        crate::kill_marked_from_the_host(self.machine_init_pid(id).await?, entry).await
     }
 
     async fn list(&self) -> Result<Vec<MachineInfo>> {

@@ -40,6 +40,29 @@ impl Containerd {
         }
     }
 
+    /// Whether task `id` is, or within 5 s reads, not running.
+    async fn stops_soon(&self, id: &str) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if !self.task_runs(id).await {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Whether task `id` may still be running: neither missing, created and never started,
+    /// nor stopped (a task containerd cannot be asked about counts as running).
+    async fn task_runs(&self, id: &str) -> bool {
+        !matches!(
+            self.task_status(id).await,
+            Ok(None | Some(TaskStatus::Stopped | TaskStatus::Created))
+        )
+    }
+
     /// Task `id`'s own process as containerd reports it; `None` when there is no task.
     pub(super) async fn task_process(&self, id: &str) -> Result<Option<Process>> {
         match self
@@ -117,6 +140,12 @@ impl Containerd {
             Err(e) if is_not_found(&e) => {}
             // Killing a task that already stopped is refused; deleting it below settles it.
             Err(e) if e.code() == tonic::Code::FailedPrecondition => {}
+            // runsc refuses to signal a sandbox that has ended ("sandbox is not running", or its
+            // control server refusing connections while the shim has yet to see it end) and the
+            // shim passes that on as an unknown error: a task that stopped is what a kill wants.
+            Err(e) if self.stops_soon(id).await => {
+                tracing::debug!(machine = id, error = %e, "kill refused by a task that is not running");
+            }
             Err(e) => return Err(classify(&format!("killing machine {id}"), e)),
         }
         let mut tasks = self.conn.tasks();

@@ -116,6 +116,49 @@ impl Engine {
         ))
     }
 
+    /// Refuses an engine that has no OCI runtime registered as `name`, and a Podman whose
+    /// default runtime is not `name`: Podman's API ignores a container's own `oci_runtime`
+    /// (podman issue 28429, fixed in 2026), so only its default can be relied on.
+    pub(super) async fn check_runtime(&self, name: &str) -> Result<()> {
+        let info = self
+            .client()
+            .await?
+            .info()
+            .await
+            .map_err(|e| classify("asking for the engine's runtimes", e))?;
+        let socket = self.socket.display();
+        let runtimes = info.runtimes.unwrap_or_default();
+        if !runtimes.contains_key(name) {
+            let mut known: Vec<&String> = runtimes.keys().collect();
+            known.sort();
+            return Err(RuntimeError::plain(
+                ErrorKind::Other,
+                format!(
+                    "docker: the engine on {socket} has no runtime {name:?} (it has {known:?}), \
+                     which [runtime] sandbox = \"gvisor\" needs: install {}, and register \
+                     /usr/libexec/narya/runsc (the Debian package's copy of \
+                     contrib/runsc/narya-runsc) with the engine as {name:?} (dockerd: \
+                     \"runtimes\" in /etc/docker/daemon.json; Podman: [engine.runtimes] in \
+                     containers.conf)",
+                    crate::sandbox::RUNSC_PACKAGE,
+                ),
+            ));
+        }
+        let default = info.default_runtime.unwrap_or_default();
+        if self.is_podman().await? && default != name {
+            return Err(RuntimeError::plain(
+                ErrorKind::Other,
+                format!(
+                    "docker: Podman on {socket} runs containers under {default:?} by default, \
+                     and its API ignores the runtime a container asks for (Podman issue 28429): \
+                     for [runtime] sandbox = \"gvisor\" make {name:?} its default (`runtime = \
+                     {name:?}` under [engine] in its containers.conf)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn connect(&self) -> Result<Client> {
         let path = self.socket.to_str().ok_or_else(|| {
             RuntimeError::plain(

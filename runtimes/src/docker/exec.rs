@@ -17,12 +17,20 @@ use super::engine::{classify, found, wait_outcome};
 use super::machine::Machine;
 use super::process::{Feeding, OutputPump};
 use super::Docker;
-use crate::labels;
 use crate::watch::{require_running, watch, Watched};
+use crate::{labels, sandbox};
 use crate::{ErrorKind, ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeError, ThrowawaySpec};
 
 /// How long a kill waits for the engine to report the process's host pid.
 const PID_WAIT: Duration = Duration::from_secs(2);
+
+/// A name for an exec's mark, distinct within this process (the engine names the exec only
+/// once it is made, with the environment in it).
+fn unique_exec() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}", std::process::id())
+}
 
 fn env_list(env: &BTreeMap<String, String>) -> Vec<String> {
     env.iter().map(|(k, v)| format!("{k}={v}")).collect()
@@ -104,6 +112,11 @@ impl Docker {
         spec: &ProcessSpec,
     ) -> Result<ProcessOutcome> {
         let run_as = labels::run_as(id, &machine.labels, spec)?;
+        // Under gVisor what the process starts is found from inside by this mark.
+        let mark = (self.oci_runtime.is_some() && !sandbox::is_sweep(spec))
+            .then(|| format!("{}={}", sandbox::EXEC_MARK, unique_exec()));
+        let mut env = env_list(&spec.env);
+        env.extend(mark.clone());
         // The engine starts an exec with the container's environment (the image's) and puts
         // these over it.
         let config = ExecConfig {
@@ -111,7 +124,7 @@ impl Docker {
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             tty: Some(false),
-            env: Some(env_list(&spec.env)),
+            env: Some(env),
             cmd: Some(spec.argv.clone()),
             user: Some(run_as.user.to_string()),
             working_dir: Some(run_as.cwd),
@@ -156,7 +169,15 @@ impl Docker {
                 pump.read_all().await?;
                 self.exec_exit(client, &exec).await
             });
-            watch(&watched, ended, self.kill_exec(client, &exec)).await
+            let kill = async {
+                if let Some(mark) = &mark {
+                    if let Err(e) = Box::pin(sandbox::sweep_in(self, id, mark)).await {
+                        tracing::warn!(machine = id, error = %e, "cannot kill a process's tree in its sandbox");
+                    }
+                }
+                self.kill_exec(client, &exec).await
+            };
+            watch(&watched, ended, kill).await
         };
         pump.outcome(ending, started).await
     }

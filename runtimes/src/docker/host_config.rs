@@ -134,6 +134,7 @@ impl Docker {
     ) -> Result<HostConfig> {
         let seccomp = self.seccomp_option().await?;
         let mut host = host_config(workspace, mount_point, network, limits, &seccomp)?;
+        host.runtime = self.oci_runtime.clone();
         self.join_network(client, &mut host, network).await?;
         Ok(host)
     }

@@ -254,6 +254,9 @@ fn host_spec(host: &HostConfig, spec: &mut Map<String, Value>) -> Result<Vec<Str
     if let Some(sysctls) = &host.sysctls {
         put("sysctl", json!(sysctls));
     }
+    if let Some(runtime) = &host.runtime {
+        put("oci_runtime", json!(runtime));
+    }
     if let Some(init) = host.init {
         put("init", json!(init));
     }
@@ -338,7 +341,7 @@ fn host_spec(host: &HostConfig, spec: &mut Map<String, Value>) -> Result<Vec<Str
         rest.cpu_quota,
     ) = (None, None, None, None);
     (rest.pids_limit, rest.ulimits, rest.oom_score_adj) = (None, None, None);
-    (rest.restart_policy, rest.log_config) = (None, None);
+    (rest.restart_policy, rest.log_config, rest.runtime) = (None, None, None);
     left.extend(
         untranslated(&rest)?
             .into_iter()

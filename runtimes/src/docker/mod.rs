@@ -26,7 +26,7 @@ use crate::network::{Isolation, NetworkConfig};
 use crate::pinning::ImagePinning;
 use crate::{
     ImageSource, MachineInfo, MachineSpec, MachineState, PinnedImage, ProcessOutcome, ProcessSpec,
-    Result, Runtime, ThrowawayInfo, ThrowawaySpec,
+    Result, Runtime, Sandbox, ThrowawayInfo, ThrowawaySpec,
 };
 
 /// How to reach the engine.
@@ -42,6 +42,8 @@ pub struct DockerConfig {
     /// A directory of the daemon's own where files the engine reads are written (the seccomp
     /// profile, for Podman, which takes it as a path).
     pub profile_dir: PathBuf,
+    /// The kernel machines and throwaways run on.
+    pub sandbox: Sandbox,
 }
 
 /// The Docker back end.
@@ -57,6 +59,9 @@ pub struct Docker {
     profile_dir: PathBuf,
     /// The seccomp profile's file, once written.
     seccomp_file: Mutex<Option<PathBuf>>,
+    /// The engine's name of the OCI runtime machines run under instead of its default (runsc,
+    /// under gVisor).
+    oci_runtime: Option<String>,
 }
 
 impl Docker {
@@ -77,6 +82,10 @@ impl Docker {
             network_ready: Mutex::new(false),
             profile_dir: config.profile_dir,
             seccomp_file: Mutex::new(None),
+            oci_runtime: match config.sandbox {
+                Sandbox::Container => None,
+                Sandbox::Gvisor { runsc } => Some(runsc),
+            },
         })
     }
 }
@@ -87,9 +96,19 @@ impl Runtime for Docker {
         "docker"
     }
 
-    /// The engine's version; refuses engines below API 1.41.
+    /// The engine's version; refuses engines below API 1.41, and under gVisor an engine that
+    /// has no runtime of the configured name.
     async fn version(&self) -> Result<String> {
-        self.engine.version().await
+        let version = self.engine.version().await?;
+        match &self.oci_runtime {
+            None => Ok(version),
+            Some(name) => {
+                self.engine.check_runtime(name).await?;
+                Ok(format!(
+                    "{version}, machines under gVisor (engine runtime {name:?})"
+                ))
+            }
+        }
     }
 
     /// The engine's root directory (`DockerRootDir`; Podman answers its graph root there).
@@ -138,6 +157,13 @@ impl Runtime for Docker {
 
     async fn init_pid(&self, id: &str) -> Result<Option<u32>> {
         self.machine_init_pid(id).await
+    }
+
+    async fn kill_marked(&self, id: &str, entry: &str) -> Result<usize> {
+        if self.oci_runtime.is_some() {
+            return crate::sandbox::sweep_in(self, id, entry).await;
+        }
+        crate::kill_marked_from_the_host(self.machine_init_pid(id).await?, entry).await
     }
 
     async fn list(&self) -> Result<Vec<MachineInfo>> {

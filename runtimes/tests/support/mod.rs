@@ -7,7 +7,7 @@ use std::sync::Arc;
 use narya_oci::ImageReference;
 use narya_runtimes::conformance::{self, Fixture, Outside, SubnetLease};
 use narya_runtimes::network::{tag_for, NetworkConfig};
-use narya_runtimes::{ImageSource, Limits, Network, Runtime, User};
+use narya_runtimes::{ImageSource, Limits, Network, Runtime, Sandbox, User};
 
 /// Whether this run is CI's, where nothing may skip.
 fn under_ci() -> bool {
@@ -61,6 +61,21 @@ pub async fn answering(runtime: &dyn Runtime, socket: &str) -> Option<String> {
     }
 }
 
+/// gVisor with `runsc` (the binary on containerd, the engine's runtime name on Docker), or a
+/// skip (outside CI) / failure (under CI=true) when this host has no runsc.
+pub fn gvisor(runsc: &str) -> Option<Sandbox> {
+    if !Path::new("/usr/bin/runsc").exists() {
+        let message =
+            "no /usr/bin/runsc: install the runsc package (bookworm-backports), as .ci/run does";
+        assert!(!under_ci(), "{message} (CI=true: not skipping)");
+        eprintln!("skipped: {message}");
+        return None;
+    }
+    Some(Sandbox::Gvisor {
+        runsc: runsc.to_owned(),
+    })
+}
+
 /// A resolver address written into machines' resolv.conf (never asked in these tests).
 pub const TEST_DNS: &str = "192.0.2.53";
 
@@ -108,6 +123,12 @@ impl Drop for Isolated {
     }
 }
 
+/// The back end under test: the version it reports and the sandbox its machines run in.
+pub struct Engine {
+    pub version: String,
+    pub sandbox: Sandbox,
+}
+
 /// The suite's fixture: the official image from `reference`, workspaces under `scratch`, the
 /// unprivileged user 1000:1000 on `network`, machines named from `prefix` and the process id.
 pub fn fixture(
@@ -117,8 +138,9 @@ pub fn fixture(
     unreachable: Arc<dyn Runtime>,
     network: Network,
     outside: Option<std::net::SocketAddr>,
-    version: &str,
+    engine: Engine,
 ) -> Fixture {
+    let Engine { version, sandbox } = engine;
     let fixture = Fixture {
         image: ImageSource {
             reference,
@@ -137,7 +159,8 @@ pub fn fixture(
         prefix: format!("{prefix}-{}", std::process::id()),
         unreachable: Some(unreachable),
         outside,
-        known_gaps: conformance::known_gaps(version),
+        known_gaps: conformance::known_gaps(&version, &sandbox),
+        sandbox,
     };
     std::fs::create_dir_all(&fixture.scratch).unwrap();
     fixture
