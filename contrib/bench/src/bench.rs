@@ -22,6 +22,7 @@ mod output_memory;
 mod pool;
 mod prebuild;
 mod rows;
+mod sandbox;
 
 pub use disk::{measure_disk, BOUND as DISK_BOUND};
 pub use exec_load::{ExecLoad, ExecLoadResult, LoadSide};
@@ -29,6 +30,7 @@ pub use output_memory::{OutputLoad, OutputMemoryResult};
 pub use pool::{measure_pool, PoolReport, POOL_SIZE};
 pub use prebuild::{measure_prebuild, PrebuildReport, SETUP_SLEEP as PREBUILD_SLEEP};
 pub use rows::{measure_rows, seed as seed_rows, RowsReport, ROWS};
+pub use sandbox::{measure_sandbox, SandboxRun, Sides, BURST, FILES};
 
 /// How much of everything to do.
 #[derive(Clone, Debug)]

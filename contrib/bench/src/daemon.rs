@@ -30,8 +30,10 @@ pub struct Setup<'a> {
     /// (`bench::rows`); 0 for every row but the memory-with-rows one.
     pub rows: usize,
     /// TOML added to the configuration (sections of its own): empty for every row but the
-    /// prebuilds'.
+    /// prebuilds' and gVisor's.
     pub extra: &'a str,
+    /// `[runtime] sandbox`: "container" (runc) for every row but gVisor's.
+    pub sandbox: &'a str,
 }
 
 /// The btrfs filesystem with quotas the test services mount (`NARYA_TEST_STATE_ROOT`), where
@@ -91,7 +93,7 @@ impl Daemon {
              [identity]\nissuer = \"narya-bench\"\naudience = \"narya\"\njwks_uri = {jwks}\n\
              algorithms = [\"ES256\"]\n\n\
              [runtime]\nbackend = {backend}\ncontainerd_socket = {containerd}\n\
-             containerd_namespace = {namespace}\ndocker_socket = {docker}\n\n\
+             containerd_namespace = {namespace}\ndocker_socket = {docker}\nsandbox = {sandbox}\n\n\
              [image]\nreference = {image}\n\n\
              [environment]\ngone_retention = \"1s\"\nnetwork = {network}\n\n\
              [limits]\nnofile = 1024\ndisk = {disk}\n\n\
@@ -104,6 +106,7 @@ impl Daemon {
             containerd = quote(setup.containerd_socket),
             namespace = quote(NAMESPACE),
             docker = quote(setup.docker_socket),
+            sandbox = quote(setup.sandbox),
             image = quote(&format!("oci-layout:{}", setup.layout)),
             network = quote(network),
             pool = setup.pool,
@@ -142,6 +145,11 @@ impl Daemon {
         };
         daemon.wait_ready(token).await?;
         Ok(daemon)
+    }
+
+    /// Environment `id`'s workspace on the host (a directory of its own: no pool serves it).
+    pub fn workspace(&self, id: &str) -> PathBuf {
+        self.state.join("workspaces").join(id)
     }
 
     /// The daemon's store.

@@ -9,6 +9,7 @@
 //! cargo build --release --workspace --bin naryad --bin narya-bench
 //! $CARGO_TARGET_DIR/release/narya-bench            # full run, writes ./BENCHMARKS.md
 //! $CARGO_TARGET_DIR/release/narya-bench --short    # a few samples: proves it works
+//! $CARGO_TARGET_DIR/release/narya-bench --only gvisor --out gvisor.md   # one section alone
 //! ```
 //!
 //! Exits 0 when every measurement ran, whether the targets hold or not; non-zero when anything
@@ -18,6 +19,7 @@
 mod bench;
 mod daemon;
 mod doubles;
+mod host;
 mod raw;
 mod report;
 mod stats;
@@ -31,7 +33,7 @@ use clap::Parser;
 use narya::devkeys::DevKey;
 use serde_json::json;
 
-use crate::bench::{Bench, ExecLoad, OutputLoad, Plan};
+use crate::bench::{Bench, ExecLoad, OutputLoad, Plan, SandboxRun};
 use crate::daemon::{Daemon, Setup};
 use crate::raw::{Backend, Raw};
 use crate::report::Outcome;
@@ -53,15 +55,26 @@ struct Args {
     /// 30 printing 100 MB: proves it works.
     #[arg(long)]
     short: bool,
-    /// Where the report goes.
-    #[arg(long, value_name = "PATH", default_value = "BENCHMARKS.md")]
-    out: PathBuf,
+    /// Where the report goes (default BENCHMARKS.md); with --only, the section alone, and only
+    /// when given (it is always printed).
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// Only this section, on each back end: its Markdown, to merge into a full run's report.
+    #[arg(long, value_enum, value_name = "SECTION")]
+    only: Option<Section>,
     /// Only this back end (repeatable); default: containerd and docker.
     #[arg(long = "backend", value_enum, value_name = "BACKEND")]
     backends: Vec<Backend>,
     /// Keep each daemon's stderr as DIR/naryad-BACKEND.NETWORK.log (RUST_LOG filters it).
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
+}
+
+/// A section `--only` runs by itself.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    /// "gVisor against runc".
+    Gvisor,
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -172,88 +185,30 @@ fn identity(dir: &Path) -> Result<(PathBuf, String)> {
     Ok((jwks, token))
 }
 
-fn first_line_with(path: &str, prefix: &str) -> Option<String> {
-    std::fs::read_to_string(path).ok().and_then(|text| {
-        text.lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_owned())
-    })
-}
-
-fn command_output(program: &str, args: &[&str]) -> Option<String> {
-    let out = std::process::Command::new(program)
-        .args(args)
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg").map_or("unknown".to_owned(), |l| {
-        l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    })
-}
-
-/// What ran where; `out`, the report a previous run wrote, is no change to the source.
-fn context(naryad: &Path, out: &Path) -> report::Context {
-    let memory = first_line_with("/proc/meminfo", "MemTotal:")
-        .and_then(|v| v.trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or("unknown".to_owned(), |kib| {
-            format!("{:.1} GiB", kib / 1024.0 / 1024.0)
-        });
-    let commit = match command_output("git", &["rev-parse", "--short", "HEAD"]) {
-        Some(c) => {
-            let exclude = format!(":(exclude){}", out.display());
-            let dirty = command_output(
-                "git",
-                &[
-                    "status",
-                    "--porcelain",
-                    "--untracked-files=no",
-                    "--",
-                    ":/",
-                    &exclude,
-                ],
-            )
-            .is_some_and(|s| !s.is_empty());
-            if dirty {
-                format!("{c} with uncommitted changes")
-            } else {
-                c
-            }
-        }
-        None => "unknown".to_owned(),
+/// The section "gVisor against runc" on `backend`, from two daemons of its own.
+async fn gvisor(
+    setup: &Setup<'_>,
+    backend: Backend,
+    socket: &str,
+    token: &str,
+    plan: &Plan,
+    log_dir: Option<&Path>,
+) -> SandboxRun {
+    eprintln!("== {} under runc and under gVisor", backend.name());
+    let setup = Setup {
+        log: log_dir.map(|d| d.join(format!("naryad-{}-sandbox.log", backend.name()))),
+        ..setup.clone()
     };
-    let profile = naryad
-        .parent()
-        .and_then(Path::file_name)
-        .and_then(|n| n.to_str())
-        .map_or("unknown".to_owned(), |n| match n {
-            "release" => "release".to_owned(),
-            "debug" => "debug (unoptimised)".to_owned(),
-            other => format!("unknown (built in {other}/)"),
-        });
-    report::Context {
-        date: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-        nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
-        memory,
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map_or("unknown".to_owned(), |k| k.trim().to_owned()),
-        cpu: first_line_with("/proc/cpuinfo", "model name").unwrap_or_else(|| "unknown".into()),
-        commit,
-        naryad: naryad.display().to_string(),
-        naryad_profile: profile,
-        bench_profile: if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
-        load_start: load_average(),
-        load_end: String::new(),
+    let prefix = format!("nb{}{}g-", std::process::id(), &backend.name()[..1]);
+    let run = bench::measure_sandbox(&setup, backend, socket, token, plan.clone(), prefix).await;
+    match &run {
+        SandboxRun::Skipped(why) => {
+            eprintln!("narya-bench: gVisor on {}: skipped: {why}", backend.name())
+        }
+        SandboxRun::Failed(e) => eprintln!("narya-bench: gVisor on {}: {e}", backend.name()),
+        SandboxRun::Measured(_) => {}
     }
+    run
 }
 
 async fn run(args: Args) -> Result<bool> {
@@ -295,7 +250,8 @@ async fn run(args: Args) -> Result<bool> {
         .prefix("narya-bench-keys-")
         .tempdir()?;
     let (jwks, token) = identity(keys.path())?;
-    let mut context = context(&naryad, &args.out);
+    let out = args.out.clone().unwrap_or_else(|| "BENCHMARKS.md".into());
+    let mut context = host::context(&naryad, &out);
     eprintln!(
         "narya-bench: {} mode, naryad {} ({})",
         if plan.short { "short" } else { "full" },
@@ -304,11 +260,9 @@ async fn run(args: Args) -> Result<bool> {
     );
 
     let mut outcomes = Vec::new();
+    let mut alone = Vec::new();
     let mut interrupted = false;
     for (backend, socket) in backends.into_iter().zip(sockets) {
-        eprintln!("== {}", backend.name());
-        let raw = Raw::new(backend, &socket);
-        let runtime_version = raw.version().await;
         let setup = Setup {
             naryad: &naryad,
             jwks: &jwks,
@@ -323,7 +277,19 @@ async fn run(args: Args) -> Result<bool> {
             disk: None,
             rows: 0,
             extra: "",
+            sandbox: "container",
         };
+        if args.only == Some(Section::Gvisor) {
+            let log_dir = args.log_dir.as_deref();
+            alone.push((
+                backend,
+                gvisor(&setup, backend, &socket, &token, &plan, log_dir).await,
+            ));
+            continue;
+        }
+        eprintln!("== {}", backend.name());
+        let raw = Raw::new(backend, &socket);
+        let runtime_version = raw.version().await;
         // The daemon measured throughout isolates its machines (the default); a second one, on
         // the host's network, shows what that costs.
         let daemons = match Daemon::start(&setup, backend, &token, "isolated").await {
@@ -453,6 +419,12 @@ async fn run(args: Args) -> Result<bool> {
             }
             Some(measured)
         };
+        let sandbox = if interrupted {
+            None
+        } else {
+            let log_dir = args.log_dir.as_deref();
+            Some(gvisor(&setup, backend, &socket, &token, &plan, log_dir).await)
+        };
         outcomes.push(Outcome {
             backend,
             runtime_version,
@@ -461,19 +433,38 @@ async fn run(args: Args) -> Result<bool> {
             disk,
             rows,
             prebuild,
+            sandbox,
         });
         if interrupted {
             break;
         }
     }
 
-    context.load_end = load_average();
+    context.load_end = host::load_average();
+    if args.only.is_some() {
+        let runs: Vec<_> = alone.iter().map(|(b, run)| (*b, run)).collect();
+        let section = report::sandbox_section(&plan, &runs, Some(&context));
+        println!("{section}");
+        if let Some(out) = &args.out {
+            std::fs::write(out, &section)
+                .with_context(|| format!("cannot write {}", out.display()))?;
+            eprintln!("narya-bench: wrote {}", out.display());
+        }
+        return Ok(!alone.iter().any(|(_, run)| run.failed()));
+    }
     println!("{}", report::table(&plan, &outcomes));
     let (summary, held, total) = report::summary(&plan, &outcomes);
     println!("Targets holding on every back end: {held} of {total}\n{summary}");
-    std::fs::write(&args.out, report::document(&context, &plan, &outcomes))
-        .with_context(|| format!("cannot write {}", args.out.display()))?;
-    eprintln!("narya-bench: wrote {}", args.out.display());
+    let runs: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| Some((o.backend, o.sandbox.as_ref()?)))
+        .collect();
+    if !runs.is_empty() {
+        println!("{}", report::sandbox_section(&plan, &runs, None));
+    }
+    std::fs::write(&out, report::document(&context, &plan, &outcomes))
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    eprintln!("narya-bench: wrote {}", out.display());
 
     let errors = outcomes.iter().any(|o| match &o.result {
         Ok(r) => {
@@ -493,6 +484,7 @@ async fn run(args: Args) -> Result<bool> {
         matches!(o.disk, Some(Err(_)))
             || matches!(o.rows, Some(Err(_)))
             || matches!(o.prebuild, Some(Err(_)))
+            || o.sandbox.as_ref().is_some_and(SandboxRun::failed)
     });
     if errors {
         eprintln!("narya-bench: something failed (see above); exiting non-zero");

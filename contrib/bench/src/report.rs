@@ -10,6 +10,9 @@ mod disk;
 mod pool;
 mod prebuild;
 mod rows;
+mod sandbox;
+
+pub use sandbox::section as sandbox_section;
 
 /// What ran where.
 pub struct Context {
@@ -41,6 +44,8 @@ pub struct Outcome {
     pub rows: Option<Result<crate::bench::RowsReport, String>>,
     /// First and repeat creates of a prebuilt key; `None` when they did not run.
     pub prebuild: Option<Result<crate::bench::PrebuildReport, String>>,
+    /// The section "gVisor against runc"; `None` when it did not run.
+    pub sandbox: Option<crate::bench::SandboxRun>,
 }
 
 pub const CREATE_RATIO: f64 = 1.10;
@@ -521,6 +526,14 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
         "\n## Targets: {held} of {total} hold on every back end\n"
     );
     d.push_str(&summary);
+    let runs: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| Some((o.backend, o.sandbox.as_ref()?)))
+        .collect();
+    if !runs.is_empty() {
+        d.push('\n');
+        d.push_str(&sandbox::section(plan, &runs, None));
+    }
     d.push_str("\n## Method\n\n");
     d.push_str(
         "- One `naryad` per back end, started by the benchmark with a temporary configuration: a \
