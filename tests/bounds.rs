@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use hyper::{Method, StatusCode};
 use narya::client::{Answer, Client};
 use serde_json::json;
-use support::e2e::{body, create, unique_id, Backend, Host};
+use support::e2e::{body, create, under_gvisor, unique_id, Backend, Host};
 
 /// A `sleep` argument no other test (or test process) uses: `base` seconds and a fraction made
 /// of this process's pid and the back end.
@@ -46,8 +46,38 @@ fn sleeping(duration: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Where a test looks for its `sleep`s: the host's `/proc`, or, under gVisor (whose processes
+/// are none of the host's), the machine's own, through the runtime's CLI.
+struct Watch<'a> {
+    host: &'a Host,
+    id: &'a str,
+}
+
+impl Watch<'_> {
+    /// How many live `sleep <duration>` processes there are.
+    async fn count(&self, duration: &str) -> usize {
+        if !under_gvisor() {
+            return sleeping(duration).len();
+        }
+        let ran = self
+            .host
+            .sh(
+                self.id,
+                "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
+            )
+            .await;
+        let listing = String::from_utf8_lossy(&ran.output).into_owned();
+        let wanted = format!("sleep {duration} ");
+        listing
+            .lines()
+            .filter(|line| *line == wanted || line.ends_with(&format!("/{wanted}")))
+            .count()
+    }
+}
+
 /// Waits up to `within` for `check` to hold of `durations`' processes.
 async fn until_sleeping(
+    watch: &Watch<'_>,
     durations: &[&str],
     within: Duration,
     what: &str,
@@ -55,8 +85,11 @@ async fn until_sleeping(
 ) {
     let deadline = Instant::now() + within;
     loop {
-        let found: Vec<_> = durations.iter().map(|d| (*d, sleeping(d))).collect();
-        if found.iter().all(|(_, pids)| check(pids.len())) {
+        let mut found = Vec::new();
+        for d in durations {
+            found.push((*d, watch.count(d).await));
+        }
+        if found.iter().all(|(_, n)| check(*n)) {
             return;
         }
         assert!(
@@ -96,6 +129,10 @@ async fn a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_star
     };
     let id = unique_id("orphaned");
     let _removal = host.removal(&id);
+    let watch = Watch {
+        host: &host,
+        id: &id,
+    };
     ready(&host, &id).await;
     // One run bounded at 5 s, which only the bound inside the machine can end once the daemon
     // is gone; one at 10 minutes, which only the next daemon can end. The long one first, and
@@ -113,6 +150,7 @@ async fn a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_star
             client.send_json(Method::POST, &path, &request).await
         }));
         until_sleeping(
+            &watch,
             &[sleep.as_str()],
             Duration::from_secs(60),
             "the run started",
@@ -120,13 +158,18 @@ async fn a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_star
         )
         .await;
     }
-    assert_eq!(sleeping(&long).len(), 1, "the long run still runs");
+    assert_eq!(watch.count(&long).await, 1, "the long run still runs");
 
     tokio::task::block_in_place(|| host.daemon.kill());
+    let watch = Watch {
+        host: &host,
+        id: &id,
+    };
     for run in runs {
         let _ = run.await;
     }
     until_sleeping(
+        &watch,
         &[&short],
         Duration::from_secs(30),
         "the 5 s run ended inside its machine",
@@ -134,13 +177,18 @@ async fn a_run_the_daemon_no_longer_tracks_ends_by_its_bound_or_at_the_next_star
     )
     .await;
     assert_eq!(
-        sleeping(&long).len(),
+        watch.count(&long).await,
         1,
         "a run outlives a killed daemon until a daemon ends it"
     );
 
     tokio::task::block_in_place(|| host.daemon.restart());
+    let watch = Watch {
+        host: &host,
+        id: &id,
+    };
     until_sleeping(
+        &watch,
         &[&long],
         Duration::from_secs(30),
         "the untracked run killed at start",
@@ -168,6 +216,10 @@ async fn a_timed_out_exec_leaves_nothing_behind_even_what_left_its_group(backend
     };
     let id = unique_id("escaping");
     let _removal = host.removal(&id);
+    let watch = Watch {
+        host: &host,
+        id: &id,
+    };
     ready(&host, &id).await;
     let sleeps = [
         duration(600, backend),
@@ -185,6 +237,7 @@ async fn a_timed_out_exec_leaves_nothing_behind_even_what_left_its_group(backend
     assert_eq!(outcome["exit_code"], serde_json::Value::Null, "{outcome}");
     let sleeps: Vec<&str> = sleeps.iter().map(String::as_str).collect();
     until_sleeping(
+        &watch,
         &sleeps,
         Duration::from_secs(30),
         "nothing of the exec left",
@@ -204,6 +257,7 @@ async fn a_timed_out_exec_leaves_nothing_behind_even_what_left_its_group(backend
     .await;
     assert_eq!(body(&answer)["exit_code"], 0);
     until_sleeping(
+        &watch,
         &[&kept],
         Duration::from_secs(30),
         "a finished exec's background process kept",
@@ -220,6 +274,10 @@ async fn an_exec_that_kills_its_wrapper_leaves_nothing_behind(backend: Backend) 
     };
     let id = unique_id("wrapper");
     let _removal = host.removal(&id);
+    let watch = Watch {
+        host: &host,
+        id: &id,
+    };
     ready(&host, &id).await;
     let sleep = duration(650, backend);
     let script = format!("kill -9 $PPID; exec sleep {sleep}");
@@ -228,6 +286,7 @@ async fn an_exec_that_kills_its_wrapper_leaves_nothing_behind(backend: Backend) 
     let outcome = body(&answer);
     assert_ne!(outcome["exit_code"], 0, "{outcome}");
     until_sleeping(
+        &watch,
         &[&sleep],
         Duration::from_secs(30),
         "nothing of the exec that killed its wrapper left",
@@ -243,6 +302,10 @@ async fn a_setup_past_its_bound_leaves_nothing_behind(backend: Backend) {
     };
     let id = unique_id("slow-setup");
     let _removal = host.removal(&id);
+    let watch = Watch {
+        host: &host,
+        id: &id,
+    };
     let sleeps = [duration(700, backend), duration(701, backend)];
     let setup = format!("(setsid sleep {} &); sleep {}", sleeps[0], sleeps[1]);
     let answer = create(&host.acme(), json!({ "id": id, "setup": setup })).await;
@@ -250,6 +313,7 @@ async fn a_setup_past_its_bound_leaves_nothing_behind(backend: Backend) {
     assert_eq!(environment["setup"]["state"], "timed_out", "{environment}");
     let sleeps: Vec<&str> = sleeps.iter().map(String::as_str).collect();
     until_sleeping(
+        &watch,
         &sleeps,
         Duration::from_secs(30),
         "nothing of the setup left",

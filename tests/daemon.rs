@@ -387,3 +387,24 @@ fn a_disk_bound_the_host_cannot_hold_stops_start_up() {
         "{stderr}"
     );
 }
+
+/// gVisor asked for on a host without runsc stops start-up, naming the key and the package to
+/// install (before any runtime is asked anything).
+#[test]
+fn gvisor_without_runsc_stops_start_up_naming_the_package() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = naryad_with(&format!(
+        "state_dir = {:?}\n[listen]\nsocket = {:?}\n{IDENTITY}\n[limits]\ndisk = \"unbounded\"\n\
+         [runtime]\nsandbox = \"gvisor\"\nrunsc = {:?}\n",
+        dir.path().join("state").display().to_string(),
+        dir.path().join("run/narya.sock").display().to_string(),
+        dir.path().join("no/runsc").display().to_string(),
+    ));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("runtime.runsc")
+            && stderr.contains("apt-get install -t bookworm-backports runsc"),
+        "{stderr}"
+    );
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
 use serde_json::{json, Value};
-use support::e2e::{body, create, delete, exec, get, unique_id, Backend, Host};
+use support::e2e::{body, create, delete, exec, get, under_gvisor, unique_id, Backend, Host};
 
 /// Small limits, so going past them is quick and light on a shared host.
 const LIMITS: &str = "[limits]\nmemory = \"256MiB\"\npids = 256\ntmp = \"32MiB\"\n";
@@ -73,8 +73,11 @@ async fn a_setup_forking_without_end_fails_at_the_pids_limit_and_nobody_else_not
     assert_eq!(setup["state"], "failed", "{env}");
     assert_ne!(setup["exit_code"], 0, "{env}");
     let output = setup["output"].as_str().unwrap_or_default();
+    // Under gVisor the limit ends the whole sandbox rather than one fork (a known gap, README
+    // "Sandboxes"): the setup fails all the same, and nobody else notices.
     assert!(
-        !output.contains("all-forked") && output.to_lowercase().contains("fork"),
+        !output.contains("all-forked")
+            && (under_gvisor() || output.to_lowercase().contains("fork")),
         "the setup stopped at the limit: {output:?}"
     );
     // The other environment is still ready and still runs commands.
@@ -105,18 +108,32 @@ async fn a_process_past_memory_is_killed_and_its_environment_stays_ready(backend
         ],
     )
     .await;
-    assert_eq!(result["exit_code"], 137, "{result}");
-    let deadline = Instant::now() + ANSWER_WITHIN;
+    assert_eq!(
+        result["exit_code"],
+        support::e2e::killed_past_memory(),
+        "{result}"
+    );
+    // Ready, and running commands: on runc it never stopped; under gVisor the daemon finds the
+    // ended sandbox and starts the machine again (reading `degraded` meanwhile).
+    let within = if under_gvisor() {
+        ANSWER_WITHIN * 4
+    } else {
+        ANSWER_WITHIN
+    };
+    let deadline = Instant::now() + within;
     loop {
         let env = body(&get(&host.acme(), &id).await);
-        if env["status"] == "ready" {
+        let answer = exec(&host.acme(), &id, &["echo", "alive"]).await;
+        if env["status"] == "ready" && body(&answer)["output"] == "alive\n" {
             break;
         }
-        assert!(Instant::now() < deadline, "not ready after the kill: {env}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            Instant::now() < deadline,
+            "not ready and running after the kill: {env} {:?}",
+            body(&answer)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let after = run(&host, &id, &["echo", "alive"]).await;
-    assert_eq!(after["output"], "alive\n", "{after}");
     let gone = delete(&host.acme(), &id).await;
     assert!(gone.status.is_success());
 }
@@ -139,9 +156,10 @@ async fn processes_run_filtered_bounded_and_first_in_line_for_the_oom_killer(bac
     .await;
     let output = result["output"].as_str().unwrap_or_default();
     let lines: Vec<&str> = output.lines().collect();
+    let [seccomp, oom, user_namespace] = support::e2e::confinement_read_inside();
     assert_eq!(
         lines,
-        ["Seccomp:\t2", "500", "500", "1024", "refused"],
+        [seccomp, oom, oom, "1024", user_namespace],
         "{result}"
     );
     let gone = delete(&host.acme(), &id).await;

@@ -125,6 +125,12 @@ install_runsc_wrapper() {
 }
 
 start_dockerd() {
+  # One started before runsc was installed lacks the runtime: it starts again with it.
+  if docker_up >/dev/null 2>&1 && [ -x "$RUNSC_WRAPPER" ] \
+    && ! curl -fsS --unix-socket "$DOCKER_SOCK" http://d/info | grep -q '"runsc"'; then
+    echo "dockerd: restarting to register runsc"
+    stop_pidfile "$NARYA_RUN_DIR/docker.pid"
+  fi
   if docker_up >/dev/null 2>&1; then echo "dockerd: already answering on $DOCKER_SOCK"; return; fi
   command -v dockerd >/dev/null || { fail "dockerd is not installed (apt-get install docker.io)"; return; }
   mkdir -p "$NARYA_DATA_DIR/docker" "$NARYA_RUN_DIR/docker-exec"

@@ -23,6 +23,8 @@ apt-get install -y -qq --no-install-recommends \
   podman openssl ca-certificates curl git iproute2 iptables containernetworking-plugins btrfs-progs python3 >/dev/null
 
 echo "== services"
+# gVisor for [runtime] sandbox = "gvisor" and the test suite's gVisor half (bookworm-backports).
+contrib/runsc/install.sh
 contrib/dev/services.sh start
 eval "$(contrib/dev/services.sh env)"
 

@@ -26,20 +26,23 @@ pub(crate) const EXEC_MARK: &str = "NARYA_EXEC";
 const SWEEP_VARIABLE: &str = "NARYA_SWEEP";
 
 /// Kills, from inside the machine, every process whose environment has `$NARYA_SWEEP` as an
-/// entry, for up to five rounds (a double fork can outrun one), and prints how many. Its own
-/// children (`grep`) do not carry the entry, and the shell's own entry is `NARYA_SWEEP=<entry>`,
-/// never `<entry>` itself.
+/// entry, for up to five rounds (a double fork can outrun one), and prints how many the first
+/// round found. Its own children (`grep`, `wc`) do not carry the entry, and the shell's own
+/// entry is `NARYA_SWEEP=<entry>`, never `<entry>` itself.
 const SWEEP: &str = r#"killed=0
 for round in 1 2 3 4 5; do
-  found=0
+  found=
   for p in /proc/[0-9]*; do
     pid=${p#/proc/}
     [ "$pid" = 1 ] || [ "$pid" = $$ ] && continue
-    if grep -qzxF -- "$NARYA_SWEEP" "$p/environ" 2>/dev/null; then
-      kill -9 "$pid" 2>/dev/null && { found=$((found + 1)); [ "$round" = 1 ] && killed=$((killed + 1)); }
-    fi
+    grep -qzxF -- "$NARYA_SWEEP" "$p/environ" 2>/dev/null && found="$found $pid"
   done
-  [ "$found" = 0 ] && break
+  [ -z "$found" ] && break
+  # Stopped first, all of them: a shell that outlives its children by a moment would report
+  # their deaths in its output.
+  kill -STOP $found 2>/dev/null
+  kill -KILL $found 2>/dev/null
+  [ "$round" = 1 ] && killed=$(echo $found | wc -w)
   sleep 0.1
 done
 echo "killed=$killed""#;

@@ -58,6 +58,31 @@ pub fn under_gvisor() -> bool {
     sandbox() == "gvisor"
 }
 
+/// What a process run in an environment reads of its own confinement: its seccomp line, its
+/// `oom_score_adj`, and what `unshare -Ur id` makes of a new user namespace. Under gVisor these
+/// are its known gaps (README, "Sandboxes"): no filter inside for a process run into a machine,
+/// the oom score set on the sandbox's host process rather than shown inside, and user namespaces
+/// that gVisor's own kernel grants.
+pub fn confinement_read_inside() -> [&'static str; 3] {
+    if under_gvisor() {
+        ["Seccomp:\t0", "0", "uid=0(root) gid=0(root) groups=0(root)"]
+    } else {
+        ["Seccomp:\t2", "500", "refused"]
+    }
+}
+
+/// The exit code a process killed past the memory limit reports: 137 (SIGKILL) on runc; under
+/// gVisor, whose kernel is one host process, the host's OOM killer ends the whole sandbox (a
+/// known gap, README "Sandboxes") and the run reports 128 ("waiting on PID … failed: EOF"); the
+/// daemon then starts the machine again and the environment recovers.
+pub fn killed_past_memory() -> i64 {
+    if under_gvisor() {
+        128
+    } else {
+        137
+    }
+}
+
 /// The `[runtime]` line that puts a daemon's machines in [`sandbox`].
 fn sandbox_line() -> String {
     format!("sandbox = {:?}\n", sandbox())

@@ -74,10 +74,15 @@ pub async fn connect(client: &Client, id: &str, to: SocketAddr) -> i64 {
         .unwrap_or_else(|_| panic!("no exit status from {id}: {result}"))
 }
 
-/// Environment `id`'s own address.
+/// Environment `id`'s own address: from the kernel's routing trie, or where that file is not
+/// kept (gVisor) as the source address of a UDP socket connected to its gateway (a UDP connect
+/// sends nothing).
 pub async fn address_of(client: &Client, id: &str) -> IpAddr {
-    let script =
-        "awk '/32 host/ { print f } { f = $2 }' /proc/net/fib_trie | grep -v '^127\\.' | head -n 1";
+    let script = r#"if [ -r /proc/net/fib_trie ]; then
+  awk '/32 host/ { print f } { f = $2 }' /proc/net/fib_trie | grep -v '^127\.' | head -n 1
+else
+  perl -MSocket -e 'open(R, "/proc/net/route") or die; while (<R>) { @f = split; if ($f[1] eq "00000000") { $g = inet_ntoa(pack("V", hex $f[2])); last } } socket(S, PF_INET, SOCK_DGRAM, 0) or die; connect(S, pack_sockaddr_in(9, inet_aton($g))) or die; print inet_ntoa((unpack_sockaddr_in(getsockname(S)))[1])'
+fi"#;
     let result = body(&exec(client, id, &["sh", "-c", script]).await);
     let output = result["output"].as_str().unwrap_or_default().trim();
     output

@@ -115,7 +115,7 @@ impl Context<'_> {
         format!("{}-{short}-{n}", self.fixture.prefix)
     }
 
-    fn workspace(&self, id: &str) -> Result<PathBuf, Outcome> {
+    pub(super) fn workspace(&self, id: &str) -> Result<PathBuf, Outcome> {
         let dir = self.fixture.scratch.join(id);
         std::fs::create_dir_all(&dir)?;
         nix::unistd::chown(
@@ -126,7 +126,7 @@ impl Context<'_> {
         Ok(dir)
     }
 
-    async fn pinned(&self) -> Result<PinnedImage, Outcome> {
+    pub(super) async fn pinned(&self) -> Result<PinnedImage, Outcome> {
         Ok(self.runtime.ensure_image(&self.fixture.image).await?)
     }
 

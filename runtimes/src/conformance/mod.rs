@@ -57,10 +57,9 @@ pub fn known_gaps(_version: &str, sandbox: &Sandbox) -> Vec<(&'static str, &'sta
 const GVISOR_GAPS: &[(&str, &str)] = &[
     (
         "seccomp_filter_is_on",
-        "under gVisor the OCI filter (runsc --oci-seccomp) holds for a machine's init and what it \
-         starts, not for a process run into the machine (runsc exec applies none); such a \
-         process talks to gVisor's kernel, and only gVisor reaches the host's, through a filter \
-         of its own",
+        "the OCI seccomp filter is not applied inside gVisor (runsc's --oci-seccomp made thread \
+         creation fail under Narya's filter, so git could not clone): a machine's processes talk \
+         to gVisor's kernel, and only gVisor reaches the host's, through a filter of its own",
     ),
     (
         "new_user_namespaces_are_refused",

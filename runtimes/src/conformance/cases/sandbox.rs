@@ -3,13 +3,21 @@
 //! own interfaces are not there, and a system call gVisor does not implement is answered by
 //! gVisor, never by the host's kernel.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
 use super::{check, fail, text, CaseFn, Context, Outcome};
+use crate::{Network, ProcessSpec, ThrowawaySpec};
 
 pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
     vec![
         case!("sandbox", the_kernel_a_machine_sees_is_not_the_hosts),
         case!("sandbox", host_kernel_interfaces_are_absent),
         case!("sandbox", an_unimplemented_syscall_never_reaches_the_host),
+        case!(
+            "sandbox",
+            a_throwaway_on_the_hosts_network_leaves_the_hosts_addresses
+        ),
     ]
 }
 
@@ -117,5 +125,72 @@ async fn an_unimplemented_syscall_never_reaches_the_host(c: &Context<'_>) -> Res
     }
     check(seen.contains("errno=ENOSYS"), || {
         format!("fanotify_init in the machine did not meet a kernel that lacks it (the host's answers {host_errno}): {seen}")
+    })
+}
+
+/// The host's interfaces and their addresses, one line each, as `ip -o addr` prints them.
+fn host_addresses() -> Result<Vec<String>, Outcome> {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "addr", "show"])
+        .output()
+        .map_err(|e| fail(format!("running the host's ip: {e}")))?;
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        // Interface, family and address: what netstack would take; not lifetimes or veths that
+        // other tests make and remove meanwhile.
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (name, family, address) = (fields.get(1)?, fields.get(2)?, fields.get(3)?);
+            (!name.starts_with("veth") && !name.starts_with("nry-"))
+                .then(|| format!("{name} {family} {address}"))
+        })
+        .collect();
+    lines.sort();
+    Ok(lines)
+}
+
+/// A clone's throwaway shares the host's network. With gVisor's own network stack there, runsc
+/// would take the host's addresses into the sandbox (its check for the host's namespace fails
+/// on Linux 6.11 and later); it must get `--network=host` instead, and still run under gVisor.
+async fn a_throwaway_on_the_hosts_network_leaves_the_hosts_addresses(
+    c: &Context<'_>,
+) -> Result<(), Outcome> {
+    let before = host_addresses()?;
+    let name = c.machine_id(0);
+    let workspace = c.workspace(&name)?;
+    let outcome = c
+        .runtime
+        .run_throwaway(&ThrowawaySpec {
+            name: name.clone(),
+            image: c.pinned().await?,
+            workspace,
+            mount_point: c.fixture.mount_point.clone(),
+            user: c.fixture.user,
+            network: Network::Host,
+            environment: name.clone(),
+            organisation: "conformance".to_owned(),
+            limits: c.fixture.limits,
+            process: ProcessSpec {
+                argv: vec!["/bin/sh".into(), "-c".into(), "uname -r".into()],
+                env: BTreeMap::new(),
+                cwd: None,
+                timeout: Duration::from_secs(60),
+                output_limit: 4096,
+                stdin: None,
+                output: None,
+            },
+        })
+        .await?;
+    let after = host_addresses()?;
+    check(before == after, || {
+        format!("the host's addresses changed: before {before:?}, after {after:?}")
+    })?;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    let seen = text(&outcome);
+    check(outcome.exit_code == Some(0), || {
+        format!("the throwaway failed: {seen}")
+    })?;
+    check(seen.trim() != release.trim(), || {
+        format!("the throwaway ran on the host's kernel ({seen})")
     })
 }
