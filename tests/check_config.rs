@@ -8,6 +8,7 @@ use std::path::Path;
 use support::e2e::{requirements_for, Backend};
 use support::github::GitHubDouble;
 use support::idp::IdentityProvider;
+use support::private::PrivateContainerd;
 use support::{free_port, make_key, LIMITS};
 
 /// What `naryad check-config --config PATH` printed and how it exited.
@@ -210,10 +211,12 @@ async fn a_configuration_a_start_would_take_passes(backend: Backend) {
         Backend::Containerd => "containerd",
         Backend::Docker | Backend::Podman => "docker",
     };
+    // Every engine the suite runs on is a tested one: no warning.
     assert!(
         checked.says(&format!("ok: runtime {name} at {socket} answers: version ")),
         "{checked}"
     );
+    assert!(!checked.says("warning: "), "{checked}");
     assert!(
         checked.says("ok: identity: 1 key(s) fetched from "),
         "{checked}"
@@ -270,4 +273,49 @@ async fn a_disk_bound_the_host_cannot_hold_is_a_problem_naming_the_key() {
             "{checked}"
         );
     }
+}
+
+/// A containerd older than every tested one (bullseye's 1.4, fetched by contrib/matrix/fetch.sh)
+/// answers: check-config names its version and the oldest tested one as a warning, and still
+/// passes the configuration.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_older_than_any_tested_is_a_warning_naming_the_oldest_tested() {
+    let Some(bin_dir) = support::required("NARYA_TEST_OLD_CONTAINERD") else {
+        return;
+    };
+    let old = PrivateContainerd::start_from(Some(Path::new(&bin_dir)));
+    let dir = tempfile::tempdir().unwrap();
+    let idp = IdentityProvider::start().await;
+    let key = make_key(dir.path(), "idp", "P-256");
+    idp.publish(&key.dev);
+    let config = format!(
+        "state_dir = {state:?}\n[listen]\nsocket = {socket:?}\n{identity}\n\
+         [runtime]\ncontainerd_socket = {runtime:?}\n\n[image]\nreference = {reference:?}\n{LIMITS}",
+        state = dir.path().join("state").display().to_string(),
+        socket = dir.path().join("run/narya.sock").display().to_string(),
+        identity = idp.identity_toml(""),
+        runtime = old.socket.display().to_string(),
+        reference = tiny_layout(dir.path()),
+    );
+    let path = dir.path().join("naryad.toml");
+    std::fs::write(&path, config).unwrap();
+
+    let checked = check_config(&path).await;
+    assert_eq!(checked.code, Some(0), "{checked}");
+    assert!(checked.problems().is_empty(), "{checked}");
+    let warning = format!(
+        "warning: runtime containerd at {} answers: version 1.4.",
+        old.socket.display()
+    );
+    assert!(checked.says(&warning), "{checked}");
+    assert!(
+        checked
+            .stdout
+            .contains("the oldest tested containerd is 1.6.20"),
+        "{checked}"
+    );
+    assert!(
+        checked.stderr.contains(": no problems, 1 warning(s)"),
+        "{checked}"
+    );
 }

@@ -22,6 +22,7 @@ pub mod output;
 pub mod sandbox;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod versions;
 
 mod labels;
 mod pinning;

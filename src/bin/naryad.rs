@@ -131,7 +131,7 @@ fn conformance(config_path: PathBuf) -> ExitCode {
     }
 }
 
-/// Prints one line per thing checked (`ok: …` or `problem: …`) and a summary on stderr.
+/// Prints one line per thing checked (`ok: …`, `warning: …` or `problem: …`) and a summary on stderr.
 fn check_config(config_path: &Path) -> ExitCode {
     // Logs only when asked: the report is the output.
     start_logging(LogFormat::Text, "off");
@@ -155,15 +155,19 @@ fn check_config(config_path: &Path) -> ExitCode {
         println!("{finding}");
     }
     let problems = findings.iter().filter(|f| f.problem).count();
+    let warnings = match findings.iter().filter(|f| f.warning).count() {
+        0 => String::new(),
+        n => format!(", {n} warning(s)"),
+    };
     if problems == 0 {
         eprintln!(
-            "naryad check-config: {}: no problems",
+            "naryad check-config: {}: no problems{warnings}",
             config_path.display()
         );
         ExitCode::SUCCESS
     } else {
         eprintln!(
-            "naryad check-config: {}: {problems} problem(s)",
+            "naryad check-config: {}: {problems} problem(s){warnings}",
             config_path.display()
         );
         ExitCode::FAILURE

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use narya_runtimes::fetch::ImageFetcher;
+use narya_runtimes::versions;
 
 use crate::auth::Verifier;
 use crate::config::{Backend, Config};
@@ -22,6 +23,8 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finding {
     pub problem: bool,
+    /// Not a problem, but worth saying: exit 0 still (a runtime older than any tested).
+    pub warning: bool,
     pub text: String,
 }
 
@@ -29,6 +32,15 @@ impl Finding {
     fn ok(text: impl Into<String>) -> Finding {
         Finding {
             problem: false,
+            warning: false,
+            text: text.into(),
+        }
+    }
+
+    fn warning(text: impl Into<String>) -> Finding {
+        Finding {
+            problem: false,
+            warning: true,
             text: text.into(),
         }
     }
@@ -36,6 +48,7 @@ impl Finding {
     fn problem(text: impl Into<String>) -> Finding {
         Finding {
             problem: true,
+            warning: false,
             text: one_line(&text.into()),
         }
     }
@@ -61,7 +74,11 @@ fn one_line(text: &str) -> String {
 
 impl std::fmt::Display for Finding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tag = if self.problem { "problem" } else { "ok" };
+        let tag = match (self.problem, self.warning) {
+            (true, _) => "problem",
+            (false, true) => "warning",
+            (false, false) => "ok",
+        };
         write!(f, "{tag}: {}", self.text)
     }
 }
@@ -212,13 +229,22 @@ async fn runtime(config: &Config, scratch: &Path) -> Finding {
         Ok(runtime) => runtime,
         Err(e) => return Finding::problem(format!("{key} {}: {e}", socket.display())),
     };
-    match runtime.version().await {
-        Ok(version) => Finding::ok(format!(
-            "runtime {} at {} answers: version {version}",
-            runtime.name(),
-            socket.display()
+    let version = match runtime.version().await {
+        Ok(version) => version,
+        Err(e) => return Finding::problem(format!("{key} {}: {e}", socket.display())),
+    };
+    let answers = format!(
+        "runtime {} at {} answers: version {version}",
+        runtime.name(),
+        socket.display()
+    );
+    match versions::older_than_tested(runtime.name(), &version) {
+        None => Finding::ok(answers),
+        Some(oldest) => Finding::warning(format!(
+            "{answers}, older than any tested: the oldest tested {} is {oldest} (the README's \
+             \"Tested runtime versions\"); it may work, but nothing shows that it does",
+            versions::engine_of(runtime.name(), &version)
         )),
-        Err(e) => Finding::problem(format!("{key} {}: {e}", socket.display())),
     }
 }
 

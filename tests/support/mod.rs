@@ -39,6 +39,23 @@ pub struct Daemon {
     pub network: network::TestNetwork,
 }
 
+/// The value of `variable`, which contrib/test.sh (as root) sets; without it the test skips
+/// with a message, except under CI=true, where it fails.
+pub fn required(variable: &str) -> Option<String> {
+    match std::env::var(variable) {
+        Ok(value) if !value.is_empty() => Some(value),
+        _ => {
+            let message = format!("{variable} is not set: run contrib/test.sh as root");
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{message} (CI=true: not skipping)"
+            );
+            eprintln!("skipped: {message}");
+            None
+        }
+    }
+}
+
 /// A free loopback port (bound then released; the daemon binds it right after).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

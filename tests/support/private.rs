@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 pub struct PrivateContainerd {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
+    /// Where its binaries are, when not on PATH (a containerd of another series).
+    bin_dir: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -19,6 +21,11 @@ fn private_root() -> std::path::PathBuf {
 
 impl PrivateContainerd {
     pub fn start() -> PrivateContainerd {
+        PrivateContainerd::start_from(None)
+    }
+
+    /// A containerd from the binaries in `bin_dir` (its shims found beside it), or from PATH.
+    pub fn start_from(bin_dir: Option<&Path>) -> PrivateContainerd {
         let dir = tempfile::Builder::new()
             .prefix("narya-ctd-")
             .tempdir_in(private_root())
@@ -28,6 +35,7 @@ impl PrivateContainerd {
         let mut containerd = PrivateContainerd {
             dir,
             socket,
+            bin_dir: bin_dir.map(Path::to_owned),
             child: None,
         };
         containerd.resume();
@@ -42,7 +50,16 @@ impl PrivateContainerd {
             .append(true)
             .open(self.dir.path().join("containerd.log"))
             .unwrap();
-        let child = Command::new("containerd")
+        let mut command = match &self.bin_dir {
+            None => Command::new("containerd"),
+            Some(bin_dir) => {
+                let mut command = Command::new(bin_dir.join("containerd"));
+                let path = std::env::var("PATH").unwrap_or_default();
+                command.env("PATH", format!("{}:{path}", bin_dir.display()));
+                command
+            }
+        };
+        let child = command
             .arg("--config")
             .arg(self.dir.path().join("config.toml"))
             .arg("--root")
