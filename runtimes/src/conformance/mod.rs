@@ -45,13 +45,34 @@ pub struct Fixture {
 /// What the engine whose version text is `version` (from `Runtime::version`) is known not to
 /// do under `sandbox`, case by case. On runc none: Podman's one gap, the cgroup namespace its
 /// Docker-compatible create drops, is closed by creating its containers through its own API.
-/// Under gVisor, what its kernel does differently by design (README, "Sandboxes").
-pub fn known_gaps(_version: &str, sandbox: &Sandbox) -> Vec<(&'static str, &'static str)> {
+/// Under gVisor, what its kernel does differently by design (README, "Sandboxes"), and on Docker
+/// Engine after 20.10 the loopback's IPv6 address ([`GVISOR_DOCKER_IPV6_GAP`]).
+pub fn known_gaps(version: &str, sandbox: &Sandbox) -> Vec<(&'static str, &'static str)> {
     match sandbox {
         Sandbox::Container => Vec::new(),
-        Sandbox::Gvisor { .. } => GVISOR_GAPS.to_vec(),
+        Sandbox::Gvisor { .. } => {
+            let mut gaps = GVISOR_GAPS.to_vec();
+            let docker_after_20 = version.starts_with("Docker Engine")
+                && crate::versions::release(version).is_some_and(|[major, ..]| major > 20);
+            if docker_after_20 {
+                gaps.push(GVISOR_DOCKER_IPV6_GAP);
+            }
+            gaps
+        }
     }
 }
+
+/// Docker Engine after 20.10 gives a machine's loopback `::1` while it sets up the network;
+/// under runc the spec's `net.ipv6.conf.all.disable_ipv6` sysctl then takes it away, but gVisor
+/// applies no `net` sysctl and copies the address into its netstack. The machine's own interface
+/// has no IPv6 address, and the network's firewall and routes carry no IPv6: only the loopback
+/// answers on `::1`.
+const GVISOR_DOCKER_IPV6_GAP: (&str, &str) = (
+    "ipv6_is_off",
+    "Docker Engine after 20.10 gives the loopback ::1 before gVisor's netstack copies the \
+     namespace's addresses, and gVisor applies no net sysctl to take it away: only the \
+     machine's own loopback has an IPv6 address",
+);
 
 /// What does not hold under gVisor, and why.
 const GVISOR_GAPS: &[(&str, &str)] = &[
@@ -202,4 +223,30 @@ pub async fn run(runtime: &dyn Runtime, fixture: &Fixture) -> Vec<CaseReport> {
         });
     }
     reports
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loopbacks_ipv6_is_a_gap_only_under_gvisor_on_docker_after_20_10() {
+        let gvisor = Sandbox::Gvisor {
+            runsc: "runsc".to_owned(),
+        };
+        let names = |version: &str, sandbox: &Sandbox| -> Vec<&str> {
+            known_gaps(version, sandbox)
+                .into_iter()
+                .map(|g| g.0)
+                .collect()
+        };
+        let docker_28 = "Docker Engine 28.5.2+dfsg4 (API 1.51), machines under gVisor";
+        assert!(names(docker_28, &gvisor).contains(&"ipv6_is_off"));
+        assert!(!names(docker_28, &Sandbox::Container).contains(&"ipv6_is_off"));
+        let docker_20 = "Docker Engine 20.10.24+dfsg1 (API 1.41), machines under gVisor";
+        assert!(!names(docker_20, &gvisor).contains(&"ipv6_is_off"));
+        for other in ["2.1.9+unknown", "1.6.20~ds1", "Podman 5.4.2 (API 1.41)"] {
+            assert!(!names(other, &gvisor).contains(&"ipv6_is_off"), "{other}");
+        }
+    }
 }
