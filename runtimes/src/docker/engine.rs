@@ -69,7 +69,9 @@ impl Engine {
         };
         let version = match client.version().await {
             Ok(v) => v,
-            // An engine older than the API we speak answers 400 to every versioned path.
+            // bollard sends its paths unversioned, so every engine answers in its own API
+            // (Docker 29 too, which refuses versioned paths below 1.44: tests/docker_api.rs);
+            // a 400 here is an engine refusing the client for a reason of its own.
             Err(EngineError::DockerResponseServerError {
                 status_code: 400,
                 message,
