@@ -10,7 +10,7 @@ use bollard::query_parameters::RemoveImageOptions;
 use narya_oci::{Digest, ImageReference};
 use narya_runtimes::docker::{Docker, DockerConfig};
 use narya_runtimes::fetch::ImageFetcher;
-use narya_runtimes::network::NetworkConfig;
+use narya_runtimes::network::{Isolation, NetworkConfig};
 use narya_runtimes::{Network, Runtime, Sandbox};
 
 /// Each engine has one image store for both suites: they take turns, and each starts without
@@ -131,6 +131,57 @@ fn private_copy(layout: &Path, out: &Path) -> Digest {
     manifest_digest
 }
 
+/// What a daemon before Podman's networks were made through its own API left on Podman: the
+/// run's network made through Podman's Docker-compatible create, which turns Podman's DNS on
+/// (Podman 5 then names only aardvark-dns in machines' resolv.conf). The suite's daemon finds it
+/// with no machine on it and must make it again without DNS, or
+/// `network/resolv_conf_names_the_resolvers` fails.
+async fn network_of_an_older_daemon(socket: &Path, config: &NetworkConfig) {
+    let isolation = Isolation::new(config.clone()).expect("the run's network configuration");
+    let client = bollard::Docker::connect_with_unix(
+        &socket.display().to_string(),
+        60,
+        &bollard::ClientVersion {
+            major_version: 1,
+            minor_version: 41,
+        },
+    )
+    .expect("a client for the engine");
+    let request = bollard::models::NetworkCreateRequest {
+        name: isolation.docker_network(),
+        driver: Some("bridge".to_owned()),
+        ipam: Some(bollard::models::Ipam {
+            driver: Some("default".to_owned()),
+            config: Some(vec![bollard::models::IpamConfig {
+                subnet: Some(config.subnet.to_string()),
+                gateway: Some(config.subnet.gateway().to_string()),
+                ..Default::default()
+            }]),
+            options: None,
+        }),
+        enable_ipv6: Some(false),
+        options: Some(std::collections::HashMap::from([
+            (
+                "com.docker.network.bridge.name".to_owned(),
+                isolation.bridge(),
+            ),
+            (
+                "com.docker.network.bridge.enable_icc".to_owned(),
+                "false".to_owned(),
+            ),
+        ])),
+        labels: Some(std::collections::HashMap::from([(
+            "dev.narya.network".to_owned(),
+            config.tag.clone(),
+        )])),
+        ..Default::default()
+    };
+    client
+        .create_network(request)
+        .await
+        .expect("the network an older daemon made");
+}
+
 /// Pushes the layout at `layout` to `reference` in the test registry.
 fn push(layout: &Path, reference: &str) {
     let pushed = std::process::Command::new("skopeo")
@@ -193,6 +244,9 @@ async fn run_suite(registry: bool, prefix: &str, engine: &str, sandbox: Option<S
         return;
     };
     eprintln!("docker: {version}");
+    if engine == PODMAN {
+        network_of_an_older_daemon(&socket, &isolated.config).await;
+    }
     let _turn = if engine == PODMAN {
         ONE_PODMAN_SUITE_AT_A_TIME.lock().await
     } else {

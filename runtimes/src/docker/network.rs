@@ -1,10 +1,13 @@
 //! Docker's side of isolated networking: a bridge network the daemon creates (`narya-<tag>`,
 //! inter-container traffic off, addresses from `[network] subnet`), which isolated machines
-//! join; the firewall chains do the rest (see `crate::network`).
+//! join; the firewall chains do the rest (see `crate::network`). On Podman the network is made
+//! through Podman's own API, without Podman's DNS (see `libpod::network`).
 
 use std::collections::HashMap;
 
-use bollard::models::{HostConfig, Ipam, IpamConfig, NetworkCreateRequest};
+use bollard::models::{
+    HostConfig, Ipam, IpamConfig, Network as EngineNetwork, NetworkCreateRequest,
+};
 use bollard::query_parameters::InspectNetworkOptions;
 use bollard::Docker as Client;
 
@@ -66,7 +69,8 @@ impl Docker {
         let answer = client
             .inspect_network(&name, None::<InspectNetworkOptions>)
             .await;
-        let existing = found(&format!("looking up network {name}"), answer)?;
+        let mut existing = found(&format!("looking up network {name}"), answer)?;
+        let podman = self.engine.is_podman().await?;
         if let Some(network) = &existing {
             // The rules fence the configured subnet: a network made for another one would leave
             // its machines outside them.
@@ -82,6 +86,11 @@ impl Docker {
                     ErrorKind::Other,
                     format!("docker: network {name} has subnet {subnets:?}, not [network] subnet {wanted}; delete its environments and the network (docker network rm {name}), or set the subnet back"),
                 ));
+            }
+        }
+        if let Some(network) = &existing {
+            if podman && self.made_again_without_dns(client, &name, network).await? {
+                existing = None;
             }
         }
         if existing.is_none() {
@@ -115,18 +124,70 @@ impl Docker {
                 )])),
                 ..Default::default()
             };
-            match client.create_network(request).await {
-                Ok(_) => tracing::info!(network = %name, %subnet, "docker: network made"),
+            let created = if podman {
+                // Through Podman's own API: its compatible create turns Podman's DNS on.
+                super::libpod::create_network(self.engine.socket(), &request).await
+            } else {
+                client
+                    .create_network(request)
+                    .await
+                    .map(drop)
+                    .map_err(|e| classify(&format!("creating network {name}"), e))
+            };
+            match created {
+                Ok(()) => tracing::info!(network = %name, %subnet, "docker: network made"),
                 // Made meanwhile by another call: as good.
-                Err(e) => match classify(&format!("creating network {name}"), e) {
-                    e if e.kind() == ErrorKind::AlreadyExists => {}
-                    e => return Err(e),
-                },
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
             }
         }
         isolation.ensure_firewall(true).await?;
         *ready = true;
         Ok(())
+    }
+
+    /// Podman: whether `network` (named `name`) had Podman's DNS on and was removed, to be made
+    /// again without it. A daemon before this one made its network through Podman's compatible
+    /// API, which turns the DNS on: under netavark (Podman 5) aardvark-dns is then the only
+    /// resolver in its machines' resolv.conf, in place of `[network] dns`. A network with
+    /// machines on it stays as it is (removing it would cut them off), with a warning.
+    async fn made_again_without_dns(
+        &self,
+        client: &Client,
+        name: &str,
+        network: &EngineNetwork,
+    ) -> Result<bool> {
+        let socket = self.engine.socket();
+        if super::libpod::network_dns_enabled(socket, name).await? != Some(true) {
+            return Ok(false);
+        }
+        let attached = network.containers.as_ref().map_or(0, |c| c.len());
+        let removed = if attached > 0 {
+            Err(format!("{attached} machine(s) on it"))
+        } else {
+            match client.remove_network(name).await {
+                Ok(()) => Ok(()),
+                Err(e) => match classify(&format!("removing network {name}"), e) {
+                    e if e.kind() == ErrorKind::NotFound => Ok(()),
+                    e => Err(e.to_string()),
+                },
+            }
+        };
+        match removed {
+            Ok(()) => {
+                tracing::info!(network = %name, "docker: network had Podman's DNS on; making it again without");
+                Ok(true)
+            }
+            Err(why) => {
+                tracing::warn!(
+                    network = %name,
+                    "docker: network has Podman's DNS on, so its machines resolve names through \
+                     Podman's aardvark-dns instead of [network] dns; it is made again without \
+                     once nothing is on it (kept now: {why})"
+                );
+                Ok(false)
+            }
+        }
     }
 
     /// After a create failed: the network may be what went missing, so look again next time.

@@ -10,72 +10,19 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::Duration;
 
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, Mount, MountTypeEnum,
     RestartPolicy,
 };
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Map, Value};
 
-use crate::{ErrorKind, Result, RuntimeError};
-
-/// Podman's own create; Podman 4 and later serve this version of their API.
-const CREATE: &str = "/v4.0.0/libpod/containers/create";
-
-/// Bounds the create, as the engine client bounds its requests.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
-
-#[derive(Debug, thiserror::Error)]
-enum LibpodError {
-    #[error("the create sets what Podman's own spec is not given here: {0}")]
-    Untranslated(String),
-    #[error("encoding the spec: {0}")]
-    Encode(#[source] serde_json::Error),
-    #[error("connecting to the engine: {0}")]
-    Connect(#[source] std::io::Error),
-    #[error("building the request: {0}")]
-    Request(#[source] hyper::http::Error),
-    #[error("talking to the engine: {0}")]
-    Http(#[source] hyper::Error),
-    #[error("no answer within {} s", REQUEST_TIMEOUT.as_secs())]
-    Timeout,
-    #[error("the engine answered {status}: {message}")]
-    Answer { status: u16, message: String },
-    #[error("the engine's answer is not a created container: {0}")]
-    Decode(#[source] serde_json::Error),
-}
-
-impl LibpodError {
-    /// The kind, as `engine::classify` has it for the same answers of the compatible API.
-    fn kind(&self) -> ErrorKind {
-        match self {
-            LibpodError::Answer { status: 404, .. } => ErrorKind::NotFound,
-            LibpodError::Answer { status: 409, .. } => ErrorKind::AlreadyExists,
-            LibpodError::Answer {
-                status: 500,
-                message,
-            } if message.contains("is already in use") => ErrorKind::AlreadyExists,
-            LibpodError::Answer {
-                status: 500,
-                message,
-            } if message.contains("image not known") || message.contains("no such image") => {
-                ErrorKind::NotFound
-            }
-            LibpodError::Answer { status: 503, .. }
-            | LibpodError::Connect(_)
-            | LibpodError::Http(_)
-            | LibpodError::Timeout => ErrorKind::Unavailable,
-            _ => ErrorKind::Other,
-        }
-    }
-}
+use super::{expect, request, untranslated, LibpodError};
+use crate::{Result, RuntimeError};
 
 /// Creates container `name` from `body` through Podman's own API on `socket`; its id.
-pub(super) async fn create(
+pub(in crate::docker) async fn create(
     socket: &Path,
     name: &str,
     body: &ContainerCreateBody,
@@ -83,10 +30,13 @@ pub(super) async fn create(
     let what = || format!("docker: creating container {name} (Podman)");
     let created = async {
         let spec = spec_generator(name, body)?;
-        let bytes = serde_json::to_vec(&spec).map_err(LibpodError::Encode)?;
-        let answer = tokio::time::timeout(REQUEST_TIMEOUT, post(socket, CREATE, bytes))
-            .await
-            .map_err(|_| LibpodError::Timeout)??;
+        let answer = request(
+            socket,
+            hyper::Method::POST,
+            "/containers/create",
+            Some(&spec),
+        )
+        .await?;
         created_id(answer)
     };
     created
@@ -95,54 +45,16 @@ pub(super) async fn create(
 }
 
 /// The id in a create's answer, or the error it carries.
-fn created_id((status, body): (u16, Bytes)) -> Result<String, LibpodError> {
+fn created_id(answer: (u16, Bytes)) -> Result<String, LibpodError> {
     #[derive(serde::Deserialize)]
     struct Created {
         #[serde(rename = "Id")]
         id: String,
     }
-    if status == 201 {
-        let created: Created = serde_json::from_slice(&body).map_err(LibpodError::Decode)?;
-        return Ok(created.id);
-    }
-    let message = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-    Err(LibpodError::Answer { status, message })
-}
-
-/// One request on its own connection; the answer's status and body.
-async fn post(socket: &Path, path: &str, body: Vec<u8>) -> Result<(u16, Bytes), LibpodError> {
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(LibpodError::Connect)?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(LibpodError::Http)?;
-    let driver = tokio::spawn(connection);
-    let request = hyper::Request::post(path)
-        .header(hyper::header::HOST, "podman")
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(LibpodError::Request)?;
-    let answer = async {
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(LibpodError::Http)?;
-        let status = response.status().as_u16();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(LibpodError::Http)?
-            .to_bytes();
-        Ok((status, body))
-    }
-    .await;
-    driver.abort();
-    answer
+    let body = expect(201, answer)?;
+    let created: Created =
+        serde_json::from_slice(&body).map_err(|e| LibpodError::Decode("a created container", e))?;
+    Ok(created.id)
 }
 
 /// Podman's spec (`SpecGenerator`) for what `body` asks of the Docker API.
@@ -373,21 +285,6 @@ fn mount_spec(mount: &Mount) -> Option<Value> {
     }))
 }
 
-/// The fields `value` still sets (serialised as the Docker API names them).
-fn untranslated(value: &impl serde::Serialize) -> Result<Vec<String>, LibpodError> {
-    let value = serde_json::to_value(value).map_err(LibpodError::Encode)?;
-    Ok(value
-        .as_object()
-        .map(|fields| {
-            fields
-                .iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, _)| k.clone())
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -399,7 +296,8 @@ mod tests {
     use bytes::Bytes;
     use serde_json::json;
 
-    use super::{created_id, spec_generator, LibpodError};
+    use super::{created_id, spec_generator};
+    use crate::docker::libpod::LibpodError;
     use crate::ErrorKind;
 
     fn host() -> HostConfig {
