@@ -11,7 +11,10 @@ NARYA_IMAGE_DIR=${NARYA_IMAGE_DIR:-/var/tmp/narya-image/official}
 
 eval "$(contrib/dev/services.sh env)"
 if [ "$(id -u)" = 0 ]; then
-  contrib/dev/services.sh start
+  # A whole-suite run also starts the runtime matrix (the newer runtimes, fetched once).
+  if [ $# -eq 0 ]; then contrib/dev/services.sh start matrix; else contrib/dev/services.sh start; fi
+  # Read again: what `start` fetched (the old containerd for check-config) is named now.
+  eval "$(contrib/dev/services.sh env)"
   cargo build --bin naryad
   if contrib/image/build.sh "$NARYA_IMAGE_DIR" --push "$NARYA_TEST_REGISTRY/narya/official:test" >/dev/null; then
     export NARYA_TEST_IMAGE_LAYOUT=$NARYA_IMAGE_DIR
@@ -44,6 +47,34 @@ if [ $# -eq 0 ] && [ "$(id -u)" = 0 ]; then
     status=1
   else
     echo "test.sh: no /usr/bin/runsc: the gVisor half is skipped (contrib/runsc/install.sh)" >&2
+  fi
+fi
+
+# The matrix half: the conformance suite and the end-to-end tests again on the newer runtimes
+# (containerd 2.1, Docker 28 and Podman 5), and the conformance suite alone on containerd 1.7
+# (contrib/dev/services.sh's start_matrix). Only for a whole-suite run.
+if [ $# -eq 0 ] && [ "$(id -u)" = 0 ]; then
+  run_dir=${NARYA_RUN_DIR:-/run/narya-test}
+  if contrib/matrix/versions.sh containerd "$run_dir/containerd-2.1.sock" 2.1. \
+    && contrib/matrix/versions.sh docker "$run_dir/docker-28.sock" 28. \
+    && contrib/matrix/versions.sh docker "$run_dir/podman-5.sock" 5. \
+    && contrib/matrix/versions.sh containerd "$run_dir/containerd-1.7.sock" 1.7.; then
+    (
+      eval "$(contrib/dev/services.sh env matrix)"
+      status=0
+      cargo test -p narya-runtimes --no-fail-fast --test containerd --test docker -- conformance \
+        || status=$?
+      NARYA_TEST_CONTAINERD_SOCKET=$NARYA_TEST_CONTAINERD17_SOCKET \
+        cargo test -p narya-runtimes --no-fail-fast --test containerd -- conformance_with || status=$?
+      cargo test --no-fail-fast --test check_config --test create --test exec --test limits \
+        --test network --test pool --test recovery || status=$?
+      exit $status
+    ) || status=$?
+  elif [ "${CI:-}" = "true" ]; then
+    echo "test.sh: the runtime matrix is not answering with the versions it names" >&2
+    status=1
+  else
+    echo "test.sh: the runtime matrix is not answering: its half is skipped" >&2
   fi
 fi
 exit $status

@@ -13,7 +13,10 @@
 # install them).
 # Under CI=true any service that does not come up is a failure; otherwise a warning.
 #
-#   contrib/dev/services.sh start | stop | env
+#   contrib/dev/services.sh start [matrix] | stop | env [matrix]
+#
+# `start matrix` also starts the runtime matrix (start_matrix below); `env matrix` prints the
+# variables that point the tests at it instead.
 set -uo pipefail
 
 NARYA_RUN_DIR=${NARYA_RUN_DIR:-/run/narya-test}
@@ -42,17 +45,16 @@ wait_for() {
   done
 }
 
-containerd_up() { ctr --address "$CONTAINERD_SOCK" version; }
-docker_up() { docker -H "unix://$DOCKER_SOCK" version; }
 registry_up() { curl -fsS "http://$NARYA_REGISTRY/v2/"; }
 podman_up() { curl -fsS --unix-socket "$PODMAN_SOCK" http://d/_ping; }
 
-# Podman reads its configuration from files; these keep it off the host's own (its storage,
-# registries and containers.conf) and let it pull from the plain-HTTP test registry.
+# Podman reads its configuration from files (contrib/lib/podman-conf.sh writes them); these keep
+# it off the host's own (its storage, registries and containers.conf) and let it pull from the
+# plain-HTTP test registry.
 podman_env() {
-  export CONTAINERS_REGISTRIES_CONF=$PODMAN_CONF/registries.conf
-  export CONTAINERS_STORAGE_CONF=$PODMAN_CONF/storage.conf
-  export CONTAINERS_CONF=$PODMAN_CONF/containers.conf
+  # shellcheck source=../lib/podman-conf.sh
+  . "$(dirname "$0")/../lib/podman-conf.sh"
+  podman_conf_env "$PODMAN_CONF"
 }
 
 # Whether $NARYA_DATA_DIR is a btrfs mount with quotas on.
@@ -95,22 +97,32 @@ mount_data() {
   fi
 }
 
+# start_containerd [NAME [BIN_DIR]]: containerd named NAME (default "containerd": the host's own
+# package) on $NARYA_RUN_DIR/NAME.sock, its state under $NARYA_DATA_DIR/NAME, from BIN_DIR (the
+# host's PATH when empty): the matrix starts the newer ones from their unpacked packages.
 start_containerd() {
-  if containerd_up >/dev/null 2>&1; then echo "containerd: already answering on $CONTAINERD_SOCK"; return; fi
-  command -v containerd >/dev/null || { fail "containerd is not installed (apt-get install containerd runc)"; return; }
-  mkdir -p "$NARYA_DATA_DIR/containerd" "$NARYA_RUN_DIR/containerd-state"
-  rm -f "$CONTAINERD_SOCK"
-  # An empty config file: the package's /etc/containerd/config.toml must not leak in.
-  printf 'version = 2\n' > "$NARYA_RUN_DIR/containerd.toml"
-  setsid containerd --config "$NARYA_RUN_DIR/containerd.toml" \
-    --root "$NARYA_DATA_DIR/containerd" --state "$NARYA_RUN_DIR/containerd-state" \
-    --address "$CONTAINERD_SOCK" >"$LOG_DIR/containerd.log" 2>&1 < /dev/null &
-  echo $! > "$NARYA_RUN_DIR/containerd.pid"
-  if wait_for 30 containerd_up; then
-    echo "containerd: answering on $CONTAINERD_SOCK"
+  local name=${1:-containerd} bin_dir=${2:-}
+  local sock=$NARYA_RUN_DIR/$name.sock ctr_bin=ctr containerd_bin=containerd
+  if [ -n "$bin_dir" ]; then ctr_bin=$bin_dir/ctr containerd_bin=$bin_dir/containerd; fi
+  if "$ctr_bin" --address "$sock" version >/dev/null 2>&1; then echo "$name: already answering on $sock"; return; fi
+  command -v "$containerd_bin" >/dev/null || { fail "$name is not installed (apt-get install containerd runc, or contrib/matrix/fetch.sh)"; return; }
+  mkdir -p "$NARYA_DATA_DIR/$name" "$NARYA_RUN_DIR/$name-state"
+  rm -f "$sock"
+  # A config file of its own: the package's /etc/containerd/config.toml must not leak in. 2.x reads
+  # version 3 (a version 2 file is migrated, with a warning, at every start).
+  local config_version=2
+  case "$("$containerd_bin" --version | awk '{ print $3 }')" in 2.*|v2.*) config_version=3 ;; esac
+  printf 'version = %s\n' "$config_version" > "$NARYA_RUN_DIR/$name.toml"
+  # The shim is found beside the containerd that starts it.
+  PATH=${bin_dir:+$bin_dir:}$PATH setsid "$containerd_bin" --config "$NARYA_RUN_DIR/$name.toml" \
+    --root "$NARYA_DATA_DIR/$name" --state "$NARYA_RUN_DIR/$name-state" \
+    --address "$sock" >"$LOG_DIR/$name.log" 2>&1 < /dev/null &
+  echo $! > "$NARYA_RUN_DIR/$name.pid"
+  if wait_for 30 "$ctr_bin" --address "$sock" version; then
+    echo "$name: answering on $sock"
   else
-    fail "containerd did not answer on $CONTAINERD_SOCK within 30 s; see $LOG_DIR/containerd.log"
-    tail -n 20 "$LOG_DIR/containerd.log" >&2
+    fail "$name did not answer on $sock within 30 s; see $LOG_DIR/$name.log"
+    tail -n 20 "$LOG_DIR/$name.log" >&2
   fi
 }
 
@@ -124,29 +136,59 @@ install_runsc_wrapper() {
   install -D -m 0755 "$(dirname "$0")/../runsc/narya-runsc" "$RUNSC_WRAPPER"
 }
 
+# start_dockerd [NAME [BIN_DIR]]: dockerd named NAME (default "docker") on $NARYA_RUN_DIR/NAME.sock,
+# with its own containerd, from BIN_DIR (whose containerd it starts) or the host's PATH.
 start_dockerd() {
+  local name=${1:-docker} bin_dir=${2:-}
+  local sock=$NARYA_RUN_DIR/$name.sock dockerd_bin=dockerd
+  [ -z "$bin_dir" ] || dockerd_bin=$bin_dir/dockerd
+  local up=(curl -fsS --unix-socket "$sock" http://d/_ping)
   # One started before runsc was installed lacks the runtime: it starts again with it.
-  if docker_up >/dev/null 2>&1 && [ -x "$RUNSC_WRAPPER" ] \
-    && ! curl -fsS --unix-socket "$DOCKER_SOCK" http://d/info | grep -q '"runsc"'; then
-    echo "dockerd: restarting to register runsc"
-    stop_pidfile "$NARYA_RUN_DIR/docker.pid"
+  if "${up[@]}" >/dev/null 2>&1 && [ -x "$RUNSC_WRAPPER" ] \
+    && ! curl -fsS --unix-socket "$sock" http://d/info | grep -q '"runsc"'; then
+    echo "$name: restarting to register runsc"
+    stop_pidfile "$NARYA_RUN_DIR/$name.pid"
   fi
-  if docker_up >/dev/null 2>&1; then echo "dockerd: already answering on $DOCKER_SOCK"; return; fi
-  command -v dockerd >/dev/null || { fail "dockerd is not installed (apt-get install docker.io)"; return; }
-  mkdir -p "$NARYA_DATA_DIR/docker" "$NARYA_RUN_DIR/docker-exec"
-  rm -f "$DOCKER_SOCK"
+  if "${up[@]}" >/dev/null 2>&1; then echo "$name: already answering on $sock"; return; fi
+  command -v "$dockerd_bin" >/dev/null || { fail "$name: dockerd is not installed (apt-get install docker.io, or contrib/matrix/fetch.sh)"; return; }
+  mkdir -p "$NARYA_DATA_DIR/$name" "$NARYA_RUN_DIR/$name-exec"
+  rm -f "$sock"
   local runtimes=()
   [ ! -x "$RUNSC_WRAPPER" ] || runtimes=(--add-runtime "runsc=$RUNSC_WRAPPER")
-  setsid dockerd "${runtimes[@]}" --data-root "$NARYA_DATA_DIR/docker" --exec-root "$NARYA_RUN_DIR/docker-exec" \
-    -H "unix://$DOCKER_SOCK" --pidfile "$NARYA_RUN_DIR/docker.pid" \
+  PATH=${bin_dir:+$bin_dir:}$PATH setsid "$dockerd_bin" "${runtimes[@]}" \
+    --data-root "$NARYA_DATA_DIR/$name" --exec-root "$NARYA_RUN_DIR/$name-exec" \
+    -H "unix://$sock" --pidfile "$NARYA_RUN_DIR/$name.pid" \
     --bridge=none --storage-driver overlay2 \
-    >"$LOG_DIR/dockerd.log" 2>&1 < /dev/null &
-  if wait_for 60 docker_up; then
-    echo "dockerd: answering on $DOCKER_SOCK"
+    >"$LOG_DIR/$name.log" 2>&1 < /dev/null &
+  if wait_for 60 "${up[@]}"; then
+    echo "$name: answering on $sock"
   else
-    fail "dockerd did not answer on $DOCKER_SOCK within 60 s; see $LOG_DIR/dockerd.log"
-    tail -n 20 "$LOG_DIR/dockerd.log" >&2
+    fail "$name did not answer on $sock within 60 s; see $LOG_DIR/$name.log"
+    tail -n 20 "$LOG_DIR/$name.log" >&2
   fi
+}
+
+# The runtime matrix: the newer runtimes beside the host's (contrib/matrix/fetch.sh fetches them,
+# once): containerd 2.1 and Docker 28 (with its own containerd 2.1) from sid, containerd 1.7 from
+# trixie, and Podman 5 from a trixie root of its own (contrib/matrix/podman-5.sh).
+MATRIX_BIN=$NARYA_RUN_DIR/matrix-bin
+start_matrix() {
+  local fetch; fetch="$(dirname "$0")/../matrix/fetch.sh"
+  if ! "$fetch" >"$LOG_DIR/matrix-fetch.log" 2>&1; then
+    fail "the matrix's runtimes could not be fetched; see $LOG_DIR/matrix-fetch.log"
+    tail -n 20 "$LOG_DIR/matrix-fetch.log" >&2
+    return
+  fi
+  local c21 d28 c17
+  c21=$("$fetch" --cached containerd-2.1) d28=$("$fetch" --cached docker-28) c17=$("$fetch" --cached containerd-1.7)
+  # One directory with Docker 28's binaries and containerd 2.1's, for dockerd to start its
+  # containerd from and for tests that run `ctr` or `containerd` of the newer series.
+  mkdir -p "$MATRIX_BIN"
+  ln -sf "$c21"/usr/bin/* "$d28"/usr/sbin/* "$d28"/usr/bin/* "$MATRIX_BIN/"
+  start_containerd containerd-2.1 "$MATRIX_BIN"
+  start_dockerd docker-28 "$MATRIX_BIN"
+  start_containerd containerd-1.7 "$c17/usr/bin"
+  "$(dirname "$0")/../matrix/podman-5.sh" start || fail "Podman 5 did not start"
 }
 
 start_registry() {
@@ -178,39 +220,12 @@ YAML
 start_podman() {
   if podman_up >/dev/null 2>&1; then echo "podman: already answering on $PODMAN_SOCK"; return; fi
   command -v podman >/dev/null || { fail "podman is not installed (apt-get install podman)"; return; }
-  mkdir -p "$PODMAN_CONF" "$NARYA_DATA_DIR/podman/storage" "$NARYA_RUN_DIR/podman-run" "$NARYA_RUN_DIR/podman-tmp"
-  cat > "$PODMAN_CONF/registries.conf" <<CONF
-unqualified-search-registries = []
-
-[[registry]]
-location = "$NARYA_REGISTRY"
-insecure = true
-CONF
-  cat > "$PODMAN_CONF/storage.conf" <<CONF
-[storage]
-driver = "overlay"
-graphroot = "$NARYA_DATA_DIR/podman/storage"
-runroot = "$NARYA_RUN_DIR/podman-run"
-CONF
-  # cgroupfs: no systemd runs here. No `cgroupns`: naryad asks each container's private cgroup
-  # namespace itself (Podman reads the setting only on cgroup v2, where private is its default).
-  cat > "$PODMAN_CONF/containers.conf" <<CONF
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-events_logfile_path = "$NARYA_RUN_DIR/podman-events.log"
-tmp_dir = "$NARYA_RUN_DIR/podman-tmp"
-static_dir = "$NARYA_DATA_DIR/podman/libpod"
-volume_path = "$NARYA_DATA_DIR/podman/volumes"
-
-[network]
-network_config_dir = "$PODMAN_CONF/networks"
-CONF
-  if [ -x "$RUNSC_WRAPPER" ]; then
-    printf '\n[engine.runtimes]\nrunsc = ["%s"]\n' "$RUNSC_WRAPPER" >> "$PODMAN_CONF/containers.conf"
-  fi
-  rm -f "$PODMAN_SOCK"
   podman_env
+  local runsc=
+  [ ! -x "$RUNSC_WRAPPER" ] || runsc=$RUNSC_WRAPPER
+  write_podman_conf "$PODMAN_CONF" "$NARYA_DATA_DIR/podman" "$NARYA_RUN_DIR/podman" "$NARYA_REGISTRY" "" "$runsc" \
+    || { fail "cannot write Podman's configuration in $PODMAN_CONF"; return; }
+  rm -f "$PODMAN_SOCK"
   # From /: conmon, which starts every container, inherits the service's working directory and
   # fails each start ("Failed to get working directory") once that directory is deleted.
   (cd / && exec setsid podman --root "$NARYA_DATA_DIR/podman/storage" --runroot "$NARYA_RUN_DIR/podman-run" \
@@ -244,14 +259,32 @@ case "${1:-start}" in
     start_dockerd
     start_registry
     start_podman
+    [ "${2:-}" != matrix ] || start_matrix
     ;;
   stop)
+    "$(dirname "$0")/../matrix/podman-5.sh" stop
+    stop_pidfile "$NARYA_RUN_DIR/containerd-1.7.pid"
+    stop_pidfile "$NARYA_RUN_DIR/docker-28.pid"
+    stop_pidfile "$NARYA_RUN_DIR/containerd-2.1.pid"
     stop_pidfile "$NARYA_RUN_DIR/podman.pid"
     stop_pidfile "$NARYA_RUN_DIR/docker.pid"
     stop_pidfile "$NARYA_RUN_DIR/registry.pid"
     stop_pidfile "$NARYA_RUN_DIR/containerd.pid"
     ;;
   env)
+    if [ "${2:-}" = matrix ]; then
+      # The tests against the matrix's newer runtimes: the same variables, pointed at them, and
+      # their binaries first on PATH for the tests that start a runtime of their own.
+      echo "export NARYA_TEST_CONTAINERD_SOCKET=$NARYA_RUN_DIR/containerd-2.1.sock"
+      echo "export NARYA_TEST_DOCKER_SOCKET=$NARYA_RUN_DIR/docker-28.sock"
+      echo "export NARYA_TEST_PODMAN_SOCKET=$NARYA_RUN_DIR/podman-5.sock"
+      echo "export NARYA_TEST_CONTAINERD_DIRS=$NARYA_DATA_DIR/containerd-2.1:$NARYA_RUN_DIR/containerd-2.1-state"
+      echo "export NARYA_TEST_DOCKER_DIRS=$NARYA_DATA_DIR/docker-28:$NARYA_RUN_DIR/docker-28-exec"
+      echo "export NARYA_TEST_PODMAN_DIRS=$NARYA_DATA_DIR/podman-5:$NARYA_RUN_DIR/podman-5-run"
+      echo "export NARYA_TEST_CONTAINERD17_SOCKET=$NARYA_RUN_DIR/containerd-1.7.sock"
+      echo "export PATH=$MATRIX_BIN:\$PATH"
+      exit 0
+    fi
     echo "export NARYA_TEST_CONTAINERD_SOCKET=$CONTAINERD_SOCK"
     echo "export NARYA_TEST_DOCKER_SOCKET=$DOCKER_SOCK"
     echo "export NARYA_TEST_REGISTRY=$NARYA_REGISTRY"
@@ -261,6 +294,14 @@ case "${1:-start}" in
     echo "export NARYA_TEST_PODMAN_SOCKET=$PODMAN_SOCK"
     # Tests' state directories go here: the filesystem the runtimes' layers are on, with quotas.
     echo "export NARYA_TEST_STATE_ROOT=$NARYA_DATA_DIR/tests"
+    # The matrix's newer engines, for the benchmark's rows beside the host's (`start matrix`).
+    echo "export NARYA_MATRIX_CONTAINERD_SOCKET=$NARYA_RUN_DIR/containerd-2.1.sock"
+    echo "export NARYA_MATRIX_DOCKER_SOCKET=$NARYA_RUN_DIR/docker-28.sock"
+    echo "export NARYA_MATRIX_BIN=$MATRIX_BIN"
+    # A containerd older than any tested (bullseye's 1.4), for check-config's warning.
+    if old=$("$(dirname "$0")/../matrix/fetch.sh" --cached containerd-1.4); then
+      echo "export NARYA_TEST_OLD_CONTAINERD=$old/usr/bin"
+    fi
     exit 0
     ;;
   *)

@@ -663,10 +663,17 @@ pub fn runtime_dirs(backend: Backend) -> Vec<PathBuf> {
     };
     let data = dir("NARYA_DATA_DIR", "/var/lib/narya-test");
     let run = dir("NARYA_RUN_DIR", "/run/narya-test");
-    let dirs = match backend {
-        Backend::Containerd => vec![data.join("containerd"), run.join("containerd-state")],
-        Backend::Docker => vec![data.join("docker"), run.join("docker-exec")],
-        Backend::Podman => vec![data.join("podman"), run.join("podman-run")],
+    // The runtime matrix's runtimes keep theirs elsewhere (`services.sh env matrix` names them).
+    let named = std::env::var(match backend {
+        Backend::Containerd => "NARYA_TEST_CONTAINERD_DIRS",
+        Backend::Docker => "NARYA_TEST_DOCKER_DIRS",
+        Backend::Podman => "NARYA_TEST_PODMAN_DIRS",
+    });
+    let dirs = match (backend, named) {
+        (_, Ok(named)) if !named.is_empty() => named.split(':').map(PathBuf::from).collect(),
+        (Backend::Containerd, _) => vec![data.join("containerd"), run.join("containerd-state")],
+        (Backend::Docker, _) => vec![data.join("docker"), run.join("docker-exec")],
+        (Backend::Podman, _) => vec![data.join("podman"), run.join("podman-run")],
     };
     for d in &dirs {
         assert!(d.is_dir(), "no runtime directory {}", d.display());
