@@ -1,11 +1,18 @@
 //! This daemon's iptables chains: written whole with `iptables-restore --noflush` (declaring a
 //! chain there empties it, so a restart refills rather than appends), with one jump into each
 //! from INPUT, FORWARD and nat POSTROUTING. Nothing else of the host's rules is touched, but for
-//! one more jump into the forward chain from `DOCKER-USER` where a Docker Engine with its own
-//! iptables rules runs: that engine inserts its bridge rules at the top of FORWARD whenever it
-//! makes a network or starts (among them an ACCEPT of everything leaving a bridge, which would
-//! pass traffic to link-local addresses and other subnets before our chain sees it), and it
-//! promises to evaluate `DOCKER-USER` before them and never to change it.
+//! jumps into the forward chain from the chains engines keep for their users' rules, evaluated
+//! before their own, which they insert at the top of FORWARD later than ours:
+//! - `DOCKER-USER`, where a Docker Engine with its own iptables rules runs: that engine inserts
+//!   its bridge rules at the top of FORWARD whenever it makes a network or starts (among them an
+//!   ACCEPT of everything leaving a bridge, which would pass traffic to link-local addresses and
+//!   other subnets before our chain sees it), and promises to evaluate `DOCKER-USER` first and
+//!   never to change it.
+//! - `CNI-ADMIN`, on bridged networks: CNI's firewall plugin (Podman 4's networks) inserts its
+//!   `CNI-FORWARD` jump at the top of FORWARD when it first starts a container on a host, with an
+//!   ACCEPT of everything from each container, so machines on one network would reach each other.
+//!   `CNI-FORWARD` jumps to `CNI-ADMIN` ("admin overrides") first; the plugin makes that chain only
+//!   when it is missing and never changes it, so the daemon makes it ahead of the plugin.
 
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
@@ -28,8 +35,14 @@ fn chains(tag: &str) -> [(&'static str, &'static str, String); 3] {
 /// The Docker Engine's chain for its users' rules, evaluated first in FORWARD (when it exists).
 const DOCKER_USER: &str = "DOCKER-USER";
 
+/// CNI's firewall plugin's chain for the administrator's rules, evaluated first in its own.
+const CNI_ADMIN: &str = "CNI-ADMIN";
+
+/// The chains that get a jump into our forward chain besides FORWARD, where they exist.
+const USER_CHAINS: [&str; 2] = [DOCKER_USER, CNI_ADMIN];
+
 /// The `iptables-restore` input; `missing_jumps` are the hooks with no jump to ours yet
-/// (`DOCKER-USER` among them only where that chain exists).
+/// (the [`USER_CHAINS`] among them only where the chain exists).
 pub(super) fn rules(tag: &str, subnet: Subnet, missing_jumps: &[&str]) -> String {
     let [(_, _, input), (_, _, forward), (_, _, nat)] = chains(tag);
     let jump = |hook: &str, chain: &str| {
@@ -39,11 +52,10 @@ pub(super) fn rules(tag: &str, subnet: Subnet, missing_jumps: &[&str]) -> String
             String::new()
         }
     };
-    let forward_jumps = format!(
-        "{}{}",
-        jump("FORWARD", &forward),
-        jump(DOCKER_USER, &forward)
-    );
+    let forward_jumps: String = std::iter::once("FORWARD")
+        .chain(USER_CHAINS)
+        .map(|hook| jump(hook, &forward))
+        .collect();
     format!(
         "*filter\n\
          :{input} - [0:0]\n\
@@ -78,13 +90,14 @@ fn failed(what: &str, e: impl Into<crate::Cause>) -> RuntimeError {
     RuntimeError::caused(ErrorKind::Other, format!("network: {what}"), e)
 }
 
-/// Puts the chains of `tag` in place for `subnet`. Other daemons (and other programs) change
-/// the ruleset at the same time; a restore that lost such a race is tried again.
-pub(super) async fn apply(tag: &str, subnet: Subnet) -> Result<()> {
+/// Puts the chains of `tag` in place for `subnet`; `bridged` (an engine's networks) also makes
+/// `CNI-ADMIN` when it is missing. Other daemons (and other programs) change the ruleset at the
+/// same time; a restore that lost such a race is tried again.
+pub(super) async fn apply(tag: &str, subnet: Subnet, bridged: bool) -> Result<()> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match apply_once(tag, subnet).await {
+        match apply_once(tag, subnet, bridged).await {
             Err(e) if tries < 5 => {
                 tracing::debug!(tag, error = %e, "network: applying the chains again");
                 tokio::time::sleep(std::time::Duration::from_millis(200 * tries)).await;
@@ -94,7 +107,7 @@ pub(super) async fn apply(tag: &str, subnet: Subnet) -> Result<()> {
     }
 }
 
-async fn apply_once(tag: &str, subnet: Subnet) -> Result<()> {
+async fn apply_once(tag: &str, subnet: Subnet, bridged: bool) -> Result<()> {
     let mut missing = Vec::new();
     for (table, hook, chain) in chains(tag) {
         let checked = iptables(&["-t", table, "-C", hook, "-j", &chain])
@@ -105,15 +118,22 @@ async fn apply_once(tag: &str, subnet: Subnet) -> Result<()> {
         }
     }
     let [_, (_, _, forward), _] = chains(tag);
-    let docker_user = iptables(&["-t", "filter", "-S", DOCKER_USER])
-        .await
-        .map_err(|e| failed("running iptables", e))?;
-    if docker_user.status.success() {
-        let checked = iptables(&["-t", "filter", "-C", DOCKER_USER, "-j", &forward])
+    if bridged {
+        // Made by another at the same moment is as good: the check below finds it.
+        let _ = iptables(&["-t", "filter", "-N", CNI_ADMIN]).await;
+    }
+    for user in USER_CHAINS {
+        let exists = iptables(&["-t", "filter", "-S", user])
+            .await
+            .map_err(|e| failed("running iptables", e))?;
+        if !exists.status.success() {
+            continue;
+        }
+        let checked = iptables(&["-t", "filter", "-C", user, "-j", &forward])
             .await
             .map_err(|e| failed("running iptables", e))?;
         if !checked.status.success() {
-            missing.push(DOCKER_USER);
+            missing.push(user);
         }
     }
     let input = rules(tag, subnet, &missing);
@@ -166,7 +186,7 @@ pub fn remove_now(tag: &str) {
                 .is_ok_and(|o| o.status.success())
         };
         let hooks: &[&str] = if hook == "FORWARD" {
-            &[hook, DOCKER_USER]
+            &[hook, DOCKER_USER, CNI_ADMIN]
         } else {
             &[hook]
         };
@@ -208,5 +228,14 @@ mod tests {
         let text = rules("abc", subnet, &["DOCKER-USER"]);
         assert!(text.contains("-I DOCKER-USER 1 -j NARYA-FWD-abc\n"));
         assert!(!text.contains("-I FORWARD"));
+    }
+
+    #[test]
+    fn cnis_admin_chain_gets_a_jump_into_the_forward_chain() {
+        let subnet: Subnet = "10.89.0.0/16".parse().unwrap();
+        let text = rules("abc", subnet, &["FORWARD", "CNI-ADMIN"]);
+        assert!(text.contains("-I FORWARD 1 -j NARYA-FWD-abc\n"));
+        assert!(text.contains("-I CNI-ADMIN 1 -j NARYA-FWD-abc\n"));
+        assert!(!text.contains("-I DOCKER-USER"));
     }
 }

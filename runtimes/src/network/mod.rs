@@ -200,7 +200,7 @@ impl Isolation {
                 },
             )?;
         }
-        firewall::apply(&self.config.tag, self.config.subnet).await?;
+        firewall::apply(&self.config.tag, self.config.subnet, bridged).await?;
         *done = true;
         Ok(())
     }
