@@ -13,11 +13,12 @@ use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
 use crate::daemon::Daemon;
-use crate::raw::Raw;
+use crate::raw::{Raw, COMMAND_LIMIT};
 use crate::stats::Samples;
 
 mod disk;
 mod exec_load;
+mod matrix;
 mod output_memory;
 mod pool;
 mod prebuild;
@@ -26,11 +27,12 @@ mod sandbox;
 
 pub use disk::{measure_disk, BOUND as DISK_BOUND};
 pub use exec_load::{ExecLoad, ExecLoadResult, LoadSide};
+pub use matrix::{measure_matrix, MatrixReport, MatrixRun, RuntimeRows, MATRIX_SUBNET};
 pub use output_memory::{OutputLoad, OutputMemoryResult};
 pub use pool::{measure_pool, PoolReport, POOL_SIZE};
 pub use prebuild::{measure_prebuild, PrebuildReport, SETUP_SLEEP as PREBUILD_SLEEP};
 pub use rows::{measure_rows, seed as seed_rows, RowsReport, ROWS};
-pub use sandbox::{measure_sandbox, SandboxRun, Sides, BURST, FILES};
+pub use sandbox::{measure_sandbox, SandboxReport, SandboxRun, Sides, BURST, FILES};
 
 /// How much of everything to do.
 #[derive(Clone, Debug)]
@@ -51,9 +53,60 @@ pub struct Plan {
     pub output_load: OutputLoad,
 }
 
+/// What became of a section of its own (gVisor's, the newer runtimes') on one back end.
+pub enum SectionRun<R> {
+    Measured(Box<R>),
+    /// What it needs is not on this host (outside CI): why.
+    Skipped(String),
+    Failed(String),
+}
+
+/// What a section of its own measured, as the run and the report see it.
+pub trait SectionReport {
+    /// The first few failures of measurements that went on, verbatim.
+    fn failures(&self) -> &[String] {
+        &[]
+    }
+
+    /// Whether the run must exit non-zero although the section was measured.
+    fn failed(&self) -> bool {
+        false
+    }
+}
+
+impl<R: SectionReport> SectionRun<R> {
+    /// Skipped for `why`; under `CI=true` failed, as a missing service fails the tests there.
+    pub fn missing(why: String) -> Self {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            SectionRun::Failed(format!("{why} (CI=true: not skipping)"))
+        } else {
+            SectionRun::Skipped(why)
+        }
+    }
+
+    /// What the measuring came to, once its daemons `stopped`.
+    pub fn of(measured: Result<R, String>, stopped: Result<()>) -> Self {
+        match (measured, stopped) {
+            (Ok(report), Ok(())) => SectionRun::Measured(Box::new(report)),
+            (Err(e), _) => SectionRun::Failed(e),
+            (Ok(_), Err(e)) => SectionRun::Failed(format!("{e:#}")),
+        }
+    }
+
+    /// Whether the run must exit non-zero: the section failed, or something it measured did.
+    pub fn failed(&self) -> bool {
+        match self {
+            SectionRun::Measured(r) => r.failed(),
+            SectionRun::Skipped(_) => false,
+            SectionRun::Failed(_) => true,
+        }
+    }
+}
+
 /// How many untimed creates and deletes run at once while loading and cleaning up.
 const HELPERS: usize = 8;
 
+#[derive(Default)]
 pub struct Pair {
     pub ours: Samples,
     pub raw: Samples,
@@ -225,6 +278,25 @@ impl Bench {
         Ok(())
     }
 
+    /// `POST /v1/environments/{id}/exec {"argv": ["true"]}`: must answer 200 with exit code 0.
+    async fn exec_true_ours(&self, id: &str) -> Result<()> {
+        let path = format!("/v1/environments/{id}/exec");
+        let body = json!({ "argv": ["true"] });
+        let sent = self.client.send_json(Method::POST, &path, &body);
+        let Ok(answer) = tokio::time::timeout(COMMAND_LIMIT, sent).await else {
+            bail!(
+                "exec of true in {id} did not answer within {} s",
+                COMMAND_LIMIT.as_secs()
+            );
+        };
+        let answer = answer?;
+        let outcome: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+        if answer.status != StatusCode::OK || outcome["exit_code"] != 0 {
+            bail!("exec of true in {id} answered {}", describe(&answer));
+        }
+        Ok(())
+    }
+
     async fn create_raw(&self, image: &str, id: &str) -> Result<()> {
         Self::track(&self.raw_live, id, true);
         self.raw.create(image, id).await
@@ -256,44 +328,19 @@ impl Bench {
     pub async fn run(self: &Arc<Self>, daemon: &Daemon) -> Result<Report> {
         let plan = self.plan.clone();
 
-        // Warm-up: the first create loads the image into the runtime.
         eprintln!("  warm-up");
-        let warm = self.fresh_id("warm");
-        let env = self.create_ours(&warm).await?;
-        // The raw side's machines get the network the daemon gave this one.
-        let network = self.raw.network_like(&warm, &daemon.state).await?;
-        self.raw.adopt(network);
-        self.delete_ours(&warm).await?;
+        let image = self.warm_up(daemon).await?;
         let warm = self.fresh_id("hwarm");
         Self::create_on(&self.host_client, &self.host_live, &warm).await?;
         Self::delete_on(&self.host_client, &self.host_live, &warm).await?;
-        let digest = env["image_digest"]
-            .as_str()
-            .context("the environment names no image_digest")?
-            .to_owned();
-        let image = self.raw.image_for(&digest).await?;
-        let raw_warm = self.fresh_id("rwarm");
-        self.create_raw(&image, &raw_warm).await?;
-        self.delete_raw(&[raw_warm]).await?;
 
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (idle_kib, _) = daemon.memory_kib()?;
 
         eprintln!("  create, alternating ({} samples a side)", plan.samples);
-        let mut create = Pair {
-            ours: Samples::default(),
-            raw: Samples::default(),
-        };
+        let mut create = Pair::default();
         for _ in 0..plan.samples {
-            let id = self.fresh_id("c");
-            let (took, _) = timed(self.create_ours(&id)).await?;
-            create.ours.push(took);
-            self.delete_ours(&id).await?;
-
-            let id = self.fresh_id("rc");
-            let (took, _) = timed(self.create_raw(&image, &id)).await?;
-            create.raw.push(took);
-            self.delete_raw(&[id]).await?;
+            self.create_sample(&image, &mut create).await?;
         }
 
         let mut wrapper = None;
@@ -350,33 +397,10 @@ impl Bench {
             "  exec round trip, alternating ({} samples a side)",
             plan.samples
         );
-        let raw_kept = self.fresh_id("rexec");
-        self.create_raw(&image, &raw_kept).await?;
-        let exec_path = format!("/v1/environments/{kept}/exec");
-        let exec_body = json!({ "argv": ["true"] });
-        let exec_ours = || async {
-            let answer = self
-                .client
-                .send_json(Method::POST, &exec_path, &exec_body)
-                .await?;
-            let outcome: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
-            if answer.status != StatusCode::OK || outcome["exit_code"] != 0 {
-                bail!("exec of true in {kept} answered {}", describe(&answer));
-            }
-            Ok(())
-        };
-        let mut exec = Pair {
-            ours: Samples::default(),
-            raw: Samples::default(),
-        };
-        // One untimed round trip a side first.
-        exec_ours().await?;
-        self.raw.exec(&raw_kept, "warm").await?;
+        let raw_kept = self.exec_ready(&image, &kept).await?;
+        let mut exec = Pair::default();
         for i in 0..plan.samples {
-            let (took, _) = timed(exec_ours()).await?;
-            exec.ours.push(took);
-            let (took, _) = timed(self.raw.exec(&raw_kept, &format!("x{i}"))).await?;
-            exec.raw.push(took);
+            self.exec_sample(&kept, &raw_kept, i, &mut exec).await?;
         }
         self.delete_raw(&[raw_kept]).await?;
         self.delete_ours(&kept).await?;
@@ -474,6 +498,68 @@ impl Bench {
             list,
             list_rows,
         })
+    }
+
+    /// The warm-up before any timing: one create and delete through the daemon (which loads the
+    /// image into the runtime), whose machine's network the raw side adopts, and one raw create
+    /// and removal. The raw side's name of the image the daemon pinned.
+    async fn warm_up(&self, daemon: &Daemon) -> Result<String> {
+        let warm = self.fresh_id("warm");
+        let env = self.create_ours(&warm).await?;
+        // The raw side's machines get the network the daemon gave this one.
+        let network = self.raw.network_like(&warm, &daemon.state).await?;
+        self.raw.adopt(network);
+        self.delete_ours(&warm).await?;
+        let digest = env["image_digest"]
+            .as_str()
+            .context("the environment names no image_digest")?
+            .to_owned();
+        let image = self.raw.image_for(&digest).await?;
+        let raw_warm = self.fresh_id("rwarm");
+        self.create_raw(&image, &raw_warm).await?;
+        self.delete_raw(&[raw_warm]).await?;
+        Ok(image)
+    }
+
+    /// One sample a side of the create row into `pair`: a create through the daemon, then a
+    /// raw one of `image`, each timed and removed again untimed.
+    async fn create_sample(&self, image: &str, pair: &mut Pair) -> Result<()> {
+        let id = self.fresh_id("c");
+        let (took, _) = timed(self.create_ours(&id)).await?;
+        pair.ours.push(took);
+        self.delete_ours(&id).await?;
+
+        let id = self.fresh_id("rc");
+        let (took, _) = timed(self.create_raw(image, &id)).await?;
+        pair.raw.push(took);
+        self.delete_raw(&[id]).await?;
+        Ok(())
+    }
+
+    /// A raw machine of `image` for the exec row beside the daemon's environment `kept`, and
+    /// one untimed round trip a side; the raw machine's name, for the caller to remove.
+    async fn exec_ready(&self, image: &str, kept: &str) -> Result<String> {
+        let raw_kept = self.fresh_id("rexec");
+        self.create_raw(image, &raw_kept).await?;
+        self.exec_true_ours(kept).await?;
+        self.raw.exec(&raw_kept, "warm").await?;
+        Ok(raw_kept)
+    }
+
+    /// The `i`th sample a side of the exec row into `pair`: `true` through the daemon into
+    /// `kept`, then with the raw client into `raw_kept`.
+    async fn exec_sample(
+        &self,
+        kept: &str,
+        raw_kept: &str,
+        i: usize,
+        pair: &mut Pair,
+    ) -> Result<()> {
+        let (took, _) = timed(self.exec_true_ours(kept)).await?;
+        pair.ours.push(took);
+        let (took, _) = timed(self.raw.exec(raw_kept, &format!("x{i}"))).await?;
+        pair.raw.push(took);
+        Ok(())
     }
 
     /// Waits until the list answers only the `live` environments: the daemon forgets deleted

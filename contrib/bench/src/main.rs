@@ -10,7 +10,12 @@
 //! $CARGO_TARGET_DIR/release/narya-bench            # full run, writes ./BENCHMARKS.md
 //! $CARGO_TARGET_DIR/release/narya-bench --short    # a few samples: proves it works
 //! $CARGO_TARGET_DIR/release/narya-bench --only gvisor --out gvisor.md   # one section alone
+//! $CARGO_TARGET_DIR/release/narya-bench --only matrix --short             # another, quickly
 //! ```
+//!
+//! The section "Newer runtimes" (`--only matrix`) also needs the runtime matrix
+//! (`contrib/dev/services.sh start matrix`, whose `env` names it); without it, it is skipped,
+//! and under `CI=true` it fails the run.
 //!
 //! Exits 0 when every measurement ran, whether the targets hold or not; non-zero when anything
 //! failed (a create, an exec, a raw command, the daemon). The raw runtime's own errors under the
@@ -33,7 +38,7 @@ use clap::Parser;
 use narya::devkeys::DevKey;
 use serde_json::json;
 
-use crate::bench::{Bench, ExecLoad, OutputLoad, Plan, SandboxRun};
+use crate::bench::{Bench, ExecLoad, MatrixRun, OutputLoad, Plan, SandboxRun};
 use crate::daemon::{Daemon, Setup};
 use crate::raw::{Backend, Raw};
 use crate::report::Outcome;
@@ -75,6 +80,9 @@ struct Args {
 enum Section {
     /// "gVisor against runc".
     Gvisor,
+    /// "Newer runtimes": create and exec on the test matrix's containerd 2.1 and Docker 28,
+    /// beside the host's runtimes.
+    Matrix,
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -211,6 +219,38 @@ async fn gvisor(
     run
 }
 
+/// The section "Newer runtimes" on `backend`, from two daemons of its own.
+async fn newer_runtimes(
+    setup: &Setup<'_>,
+    backend: Backend,
+    socket: &str,
+    token: &str,
+    plan: &Plan,
+    log_dir: Option<&Path>,
+) -> MatrixRun {
+    eprintln!(
+        "== {} on the host's runtime and the newer one",
+        backend.name()
+    );
+    let setup = Setup {
+        log: log_dir.map(|d| d.join(format!("naryad-{}-matrix.log", backend.name()))),
+        ..setup.clone()
+    };
+    let prefix = format!("nb{}{}m", std::process::id(), &backend.name()[..1]);
+    let run = bench::measure_matrix(&setup, backend, socket, token, plan.clone(), &prefix).await;
+    match &run {
+        MatrixRun::Skipped(why) => eprintln!(
+            "narya-bench: newer runtimes on {}: skipped: {why}",
+            backend.name()
+        ),
+        MatrixRun::Failed(e) => {
+            eprintln!("narya-bench: newer runtimes on {}: {e}", backend.name())
+        }
+        MatrixRun::Measured(_) => {}
+    }
+    run
+}
+
 async fn run(args: Args) -> Result<bool> {
     let plan = plan(&args);
     let mut backends = if args.backends.is_empty() {
@@ -260,7 +300,8 @@ async fn run(args: Args) -> Result<bool> {
     );
 
     let mut outcomes = Vec::new();
-    let mut alone = Vec::new();
+    // The runs of a section alone (`--only`).
+    let (mut alone_sandbox, mut alone_matrix) = (Vec::new(), Vec::new());
     let mut interrupted = false;
     for (backend, socket) in backends.into_iter().zip(sockets) {
         let setup = Setup {
@@ -279,13 +320,19 @@ async fn run(args: Args) -> Result<bool> {
             extra: "",
             sandbox: "container",
         };
-        if args.only == Some(Section::Gvisor) {
-            let log_dir = args.log_dir.as_deref();
-            alone.push((
-                backend,
-                gvisor(&setup, backend, &socket, &token, &plan, log_dir).await,
-            ));
-            continue;
+        let log_dir = args.log_dir.as_deref();
+        match args.only {
+            Some(Section::Gvisor) => {
+                let run = gvisor(&setup, backend, &socket, &token, &plan, log_dir).await;
+                alone_sandbox.push((backend, run));
+                continue;
+            }
+            Some(Section::Matrix) => {
+                let run = newer_runtimes(&setup, backend, &socket, &token, &plan, log_dir).await;
+                alone_matrix.push((backend, run));
+                continue;
+            }
+            None => {}
         }
         eprintln!("== {}", backend.name());
         let raw = Raw::new(backend, &socket);
@@ -422,8 +469,12 @@ async fn run(args: Args) -> Result<bool> {
         let sandbox = if interrupted {
             None
         } else {
-            let log_dir = args.log_dir.as_deref();
             Some(gvisor(&setup, backend, &socket, &token, &plan, log_dir).await)
+        };
+        let matrix = if interrupted {
+            None
+        } else {
+            Some(newer_runtimes(&setup, backend, &socket, &token, &plan, log_dir).await)
         };
         outcomes.push(Outcome {
             backend,
@@ -434,6 +485,7 @@ async fn run(args: Args) -> Result<bool> {
             rows,
             prebuild,
             sandbox,
+            matrix,
         });
         if interrupted {
             break;
@@ -442,15 +494,21 @@ async fn run(args: Args) -> Result<bool> {
 
     context.load_end = host::load_average();
     if args.only.is_some() {
-        let runs: Vec<_> = alone.iter().map(|(b, run)| (*b, run)).collect();
-        let section = report::sandbox_section(&plan, &runs, Some(&context));
+        let sandbox: Vec<_> = alone_sandbox.iter().map(|(b, run)| (*b, run)).collect();
+        let matrix: Vec<_> = alone_matrix.iter().map(|(b, run)| (*b, run)).collect();
+        let section = match args.only {
+            Some(Section::Matrix) => report::matrix_section(&plan, &matrix, Some(&context)),
+            _ => report::sandbox_section(&plan, &sandbox, Some(&context)),
+        };
         println!("{section}");
         if let Some(out) = &args.out {
             std::fs::write(out, &section)
                 .with_context(|| format!("cannot write {}", out.display()))?;
             eprintln!("narya-bench: wrote {}", out.display());
         }
-        return Ok(!alone.iter().any(|(_, run)| run.failed()));
+        let failed = sandbox.iter().any(|(_, run)| run.failed())
+            || matrix.iter().any(|(_, run)| run.failed());
+        return Ok(!failed);
     }
     println!("{}", report::table(&plan, &outcomes));
     let (summary, held, total) = report::summary(&plan, &outcomes);
@@ -461,6 +519,13 @@ async fn run(args: Args) -> Result<bool> {
         .collect();
     if !runs.is_empty() {
         println!("{}", report::sandbox_section(&plan, &runs, None));
+    }
+    let runs: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| Some((o.backend, o.matrix.as_ref()?)))
+        .collect();
+    if !runs.is_empty() {
+        println!("{}", report::matrix_section(&plan, &runs, None));
     }
     std::fs::write(&out, report::document(&context, &plan, &outcomes))
         .with_context(|| format!("cannot write {}", out.display()))?;
@@ -485,6 +550,7 @@ async fn run(args: Args) -> Result<bool> {
             || matches!(o.rows, Some(Err(_)))
             || matches!(o.prebuild, Some(Err(_)))
             || o.sandbox.as_ref().is_some_and(SandboxRun::failed)
+            || o.matrix.as_ref().is_some_and(MatrixRun::failed)
     });
     if errors {
         eprintln!("narya-bench: something failed (see above); exiting non-zero");

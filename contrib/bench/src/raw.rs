@@ -2,7 +2,7 @@
 //! daemon is measured against.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -30,6 +30,15 @@ impl Backend {
         match self {
             Backend::Containerd => "NARYA_TEST_CONTAINERD_SOCKET",
             Backend::Docker => "NARYA_TEST_DOCKER_SOCKET",
+        }
+    }
+
+    /// The variable naming the socket of this back end's newer runtime in the test matrix
+    /// (`contrib/dev/services.sh start matrix`).
+    pub fn matrix_variable(self) -> &'static str {
+        match self {
+            Backend::Containerd => "NARYA_MATRIX_CONTAINERD_SOCKET",
+            Backend::Docker => "NARYA_MATRIX_DOCKER_SOCKET",
         }
     }
 }
@@ -75,21 +84,27 @@ pub enum RawNetwork {
     Host,
     /// containerd: `ctr run --cni` with the daemon's own CNI network list. `ctr` reads its
     /// configuration only from `/etc/cni/net.d`, so `ctr run` runs in a private mount namespace
-    /// where that directory is this one, holding a copy of the list the daemon wrote. `ctr`
-    /// 1.6 never releases what `run --cni` took (1.7's `task rm` does): the removal calls the
+    /// where that directory is this one's `net.d`, holding a copy of the list the daemon wrote
+    /// (and, for a `ctr` that finds plugins only in `/opt/cni/bin`, `/opt` is its `opt`, where
+    /// `cni/bin` leads to Debian's plugins). `ctr` 1.6 never releases what `run --cni` took
+    /// (1.7's `task rm` does, so `task rm` runs in that namespace too): the removal calls the
     /// plugins' DEL itself, as 1.7 would, untimed like every removal.
     Cni(tempfile::TempDir),
     /// Docker: the daemon's bridge network, by name.
     Bridge(String),
 }
 
-/// Where Debian's `containernetworking-plugins` puts the plugins (`ctr` looks there too).
+/// Where Debian's `containernetworking-plugins` puts the plugins (bookworm's `ctr` looks there
+/// too; sid's only in `/opt/cni/bin`).
 const CNI_PLUGINS: &str = "/usr/lib/cni";
+
+/// The network list's file, in the raw side's `net.d`.
+const CNI_LIST: &str = "10-narya-bench.conflist";
 
 /// Releases what `ctr run --cni` took for machines `ids` (CNI DEL of the network list in `dir`,
 /// as `ctr` 1.7's `task rm` does): their addresses, and whatever of the interface is left.
 async fn release_addresses(dir: &Path, ids: &[&str]) -> Result<()> {
-    let path = dir.join("10-narya-bench.conflist");
+    let path = dir.join("net.d").join(CNI_LIST);
     let text = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let list: serde_json::Value =
         serde_json::from_slice(&text).with_context(|| format!("{} is not JSON", path.display()))?;
@@ -131,19 +146,43 @@ async fn release_addresses(dir: &Path, ids: &[&str]) -> Result<()> {
 }
 
 /// The wrapper that shows `ctr` a directory of the benchmark's as `/etc/cni/net.d`: `$0` is
-/// that directory, the rest the command.
-const CNI_WRAPPER: &str = "mount --bind \"$0\" /etc/cni/net.d && exec \"$@\"";
+/// the directory holding it (as `net.d`), the rest the command.
+const CNI_WRAPPER: &str = "mount --bind \"$0/net.d\" /etc/cni/net.d && exec \"$@\"";
+
+/// [`CNI_WRAPPER`] for a `ctr` that finds CNI plugins only in `/opt/cni/bin` (sid's): `/opt`
+/// is the directory's `opt` too, where `cni/bin` leads to Debian's plugins. Nothing of the
+/// host's `/opt` changes: the mount is in the wrapper's namespace alone.
+const CNI_WRAPPER_OPT: &str = "mount --bind \"$0/net.d\" /etc/cni/net.d && \
+    mount --bind \"$0/opt\" /opt && exec \"$@\"";
 
 pub struct Raw {
     pub backend: Backend,
-    program: &'static str,
+    program: String,
     base: Vec<String>,
+    /// The client finds CNI plugins only in `/opt/cni/bin`: its wrapper is [`CNI_WRAPPER_OPT`].
+    plugins_in_opt: bool,
     /// Set once the daemon's network is known (after its first create).
     network: OnceLock<RawNetwork>,
 }
 
 impl Raw {
+    /// The host's own client of `backend` (`ctr`, `docker` on the PATH) on `socket`.
     pub fn new(backend: Backend, socket: &str) -> Raw {
+        Raw::with_client(backend, socket, None)
+    }
+
+    /// The raw side of a newer runtime of the test matrix on `socket`: on containerd its own
+    /// `ctr` in `bin` (sid's, which finds CNI plugins only in `/opt/cni/bin`), on Docker the
+    /// host's `docker` (a client of any engine).
+    pub fn newer(backend: Backend, socket: &str, bin: &Path) -> Raw {
+        match backend {
+            Backend::Containerd => Raw::with_client(backend, socket, Some(bin.join("ctr"))),
+            Backend::Docker => Raw::new(backend, socket),
+        }
+    }
+
+    /// `ctr` or `docker` as `client` (default: the one on the PATH), on `socket`.
+    fn with_client(backend: Backend, socket: &str, client: Option<PathBuf>) -> Raw {
         let (program, base) = match backend {
             Backend::Containerd => (
                 "ctr",
@@ -156,11 +195,21 @@ impl Raw {
             ),
             Backend::Docker => ("docker", vec!["-H".to_owned(), format!("unix://{socket}")]),
         };
+        let plugins_in_opt = client.is_some() && backend == Backend::Containerd;
         Raw {
             backend,
-            program,
+            program: client.map_or(program.to_owned(), |c| c.display().to_string()),
             base,
+            plugins_in_opt,
             network: OnceLock::new(),
+        }
+    }
+
+    /// The CNI wrapper this client needs.
+    fn wrapper(&self) -> &'static str {
+        match self.plugins_in_opt {
+            true => CNI_WRAPPER_OPT,
+            false => CNI_WRAPPER,
         }
     }
 
@@ -169,7 +218,8 @@ impl Raw {
         let _ = self.network.set(network);
     }
 
-    /// The CNI directory `ctr run` and `ctr task rm` must see, when there is one.
+    /// The directory of the CNI configuration `ctr run` and `ctr task rm` must see (`net.d`,
+    /// and `opt`), when there is one.
     fn cni_dir(&self) -> Option<&Path> {
         match self.network.get() {
             Some(RawNetwork::Cni(dir)) => Some(dir.path()),
@@ -183,12 +233,12 @@ impl Raw {
             Some(dir) => {
                 let mut c = Command::new("unshare");
                 c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-                    .arg(CNI_WRAPPER)
+                    .arg(self.wrapper())
                     .arg(dir)
-                    .arg(self.program);
+                    .arg(&self.program);
                 c
             }
-            None => Command::new(self.program),
+            None => Command::new(&self.program),
         };
         command.args(&self.base).args(args);
         command
@@ -204,7 +254,7 @@ impl Raw {
         self.run_as(args, limit, false).await
     }
 
-    /// `run_within`; with `cni`, `ctr` sees the daemon's CNI network list.
+    /// `run_within`; with `cni`, `ctr` sees the daemon's CNI network list (and its plugins).
     async fn run_as(&self, args: &[&str], limit: Duration, cni: bool) -> Result<String> {
         let running = self
             .command(args, cni)
@@ -235,9 +285,10 @@ impl Raw {
     pub fn create_command(&self, image: &str, id: &str) -> String {
         let args = self.create_args(image, id);
         let wrapper = match self.cni_dir() {
-            Some(_) => {
-                format!("unshare --mount --propagation private -- sh -c '{CNI_WRAPPER}' DIR ")
-            }
+            Some(_) => format!(
+                "unshare --mount --propagation private -- sh -c '{}' DIR ",
+                self.wrapper()
+            ),
             None => String::new(),
         };
         format!(
@@ -291,7 +342,8 @@ impl Raw {
                 // and its snapshot go.
                 let mut task = vec!["task", "rm", "-f"];
                 task.extend(&ids);
-                let mut tasks = self.run_within(&task, REMOVE_LIMIT).await;
+                // In the CNI wrapper: from 1.7 on, `task rm` releases what `run --cni` took.
+                let mut tasks = self.run_as(&task, REMOVE_LIMIT, true).await;
                 let hung = tasks.as_ref().is_err_and(|e| e.is::<Hung>());
                 if hung && self.kill_shims(&ids).await > 0 {
                     // A wedged shim answers not even a forced removal; once it is gone,
@@ -503,8 +555,15 @@ impl Raw {
                             .prefix("narya-bench-cni-")
                             .tempdir()
                             .context("cannot make the raw side's CNI directory")?;
-                        std::fs::copy(list, dir.path().join("10-narya-bench.conflist"))
+                        let net_d = dir.path().join("net.d");
+                        std::fs::create_dir(&net_d)?;
+                        std::fs::copy(list, net_d.join(CNI_LIST))
                             .with_context(|| format!("cannot copy {}", list.display()))?;
+                        if self.plugins_in_opt {
+                            let opt = dir.path().join("opt/cni");
+                            std::fs::create_dir_all(&opt)?;
+                            std::os::unix::fs::symlink(CNI_PLUGINS, opt.join("bin"))?;
+                        }
                         if !Path::new("/etc/cni/net.d").is_dir() {
                             // Only the mount point: what `ctr` reads there is the bench's.
                             std::fs::create_dir_all("/etc/cni/net.d")
@@ -540,7 +599,7 @@ impl Raw {
         let start = std::time::Instant::now();
         let status = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-            .arg(CNI_WRAPPER)
+            .arg(self.wrapper())
             .arg(dir)
             .arg("true")
             .stdin(Stdio::null())
@@ -582,7 +641,14 @@ impl Raw {
 
     /// The runtime's server version, for the report.
     pub async fn version(&self) -> String {
-        let answer = match self.backend {
+        self.server_version()
+            .await
+            .unwrap_or_else(|e| format!("unknown ({e})"))
+    }
+
+    /// The runtime's server version, or why it did not answer.
+    pub async fn server_version(&self) -> Result<String> {
+        match self.backend {
             Backend::Containerd => self.run(&["version"]).await.map(|out| {
                 // The second "Version:" is the server's.
                 out.lines()
@@ -596,7 +662,6 @@ impl Raw {
                 .run(&["version", "--format", "{{.Server.Version}}"])
                 .await
                 .map(|out| out.trim().to_owned()),
-        };
-        answer.unwrap_or_else(|e| format!("unknown ({e})"))
+        }
     }
 }

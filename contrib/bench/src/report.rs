@@ -7,11 +7,14 @@ use crate::raw::Backend;
 use crate::stats::{ms, spread};
 
 mod disk;
+mod matrix;
 mod pool;
 mod prebuild;
 mod rows;
 mod sandbox;
+mod section;
 
+pub use matrix::section as matrix_section;
 pub use sandbox::section as sandbox_section;
 
 /// What ran where.
@@ -46,6 +49,8 @@ pub struct Outcome {
     pub prebuild: Option<Result<crate::bench::PrebuildReport, String>>,
     /// The section "gVisor against runc"; `None` when it did not run.
     pub sandbox: Option<crate::bench::SandboxRun>,
+    /// The section "Newer runtimes"; `None` when it did not run.
+    pub matrix: Option<crate::bench::MatrixRun>,
 }
 
 pub const CREATE_RATIO: f64 = 1.10;
@@ -533,6 +538,14 @@ pub fn document(context: &Context, plan: &Plan, outcomes: &[Outcome]) -> String 
     if !runs.is_empty() {
         d.push('\n');
         d.push_str(&sandbox::section(plan, &runs, None));
+    }
+    let runs: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| Some((o.backend, o.matrix.as_ref()?)))
+        .collect();
+    if !runs.is_empty() {
+        d.push('\n');
+        d.push_str(&matrix::section(plan, &runs, None));
     }
     d.push_str("\n## Method\n\n");
     d.push_str(

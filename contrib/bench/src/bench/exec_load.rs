@@ -5,12 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use hyper::{Method, StatusCode};
-use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
-use super::{describe, Bench, HELPERS};
-use crate::raw::COMMAND_LIMIT;
+use super::{Bench, HELPERS};
 use crate::stats::Samples;
 
 /// How long reading pid 1's start time may take: a healthy machine answers within a second,
@@ -111,25 +108,6 @@ impl Bench {
             Ok(_) => side.restarted += 1,
             Err(_) => side.unanswering += 1,
         }
-    }
-
-    /// `POST /v1/environments/{id}/exec {"argv": ["true"]}`: must answer 200 with exit code 0.
-    async fn exec_true_ours(&self, id: &str) -> Result<()> {
-        let path = format!("/v1/environments/{id}/exec");
-        let body = json!({ "argv": ["true"] });
-        let sent = self.client.send_json(Method::POST, &path, &body);
-        let Ok(answer) = tokio::time::timeout(COMMAND_LIMIT, sent).await else {
-            bail!(
-                "exec of true in {id} did not answer within {} s",
-                COMMAND_LIMIT.as_secs()
-            );
-        };
-        let answer = answer?;
-        let outcome: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
-        if answer.status != StatusCode::OK || outcome["exit_code"] != 0 {
-            bail!("exec of true in {id} answered {}", describe(&answer));
-        }
-        Ok(())
     }
 
     /// Starts `load.execs` execs at once, the `i`th into `targets[i % len]`, through the daemon

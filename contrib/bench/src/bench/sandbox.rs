@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::process::Command;
 use tokio::task::JoinSet;
 
-use super::{describe, note, timed, Bench, Plan};
+use super::{describe, note, timed, Bench, Plan, SectionReport, SectionRun};
 use crate::daemon::{Daemon, Setup};
 use crate::raw::{Backend, Raw, COMMAND_LIMIT};
 use crate::stats::Samples;
@@ -79,22 +79,17 @@ pub struct SandboxReport {
     pub failures: Vec<String>,
 }
 
-/// What became of the section on one back end.
-pub enum SandboxRun {
-    Measured(Box<SandboxReport>),
-    /// No runsc on this host (outside CI): why.
-    Skipped(String),
-    Failed(String),
-}
+/// What became of the section on one back end; skipped where this host has no runsc.
+pub type SandboxRun = SectionRun<SandboxReport>;
 
-impl SandboxRun {
-    /// Whether the run must exit non-zero: the section failed, or an exec of its bursts did.
-    pub fn failed(&self) -> bool {
-        match self {
-            SandboxRun::Measured(r) => r.burst_errors != (0, 0),
-            SandboxRun::Skipped(_) => false,
-            SandboxRun::Failed(_) => true,
-        }
+impl SectionReport for SandboxReport {
+    fn failures(&self) -> &[String] {
+        &self.failures
+    }
+
+    /// An exec of the bursts failed.
+    fn failed(&self) -> bool {
+        self.burst_errors != (0, 0)
     }
 }
 
@@ -157,11 +152,7 @@ pub async fn measure_sandbox(
     prefix: String,
 ) -> SandboxRun {
     if let Some(missing) = runsc_missing(backend, socket).await {
-        return if std::env::var("CI").as_deref() == Ok("true") {
-            SandboxRun::Failed(format!("{missing} (CI=true: not skipping)"))
-        } else {
-            SandboxRun::Skipped(missing)
-        };
+        return SandboxRun::missing(missing);
     }
     let extra = format!("[network]\nsubnet = \"{GVISOR_SUBNET}\"\n");
     // A log of its own for each daemon: they share the network and the disk bound, which
@@ -211,11 +202,7 @@ pub async fn measure_sandbox(
         )
     });
     let stopped = runc.stop().await.and(runsc.stop().await);
-    match (measured, stopped) {
-        (Ok(report), Ok(())) => SandboxRun::Measured(Box::new(report)),
-        (Err(e), _) => SandboxRun::Failed(e),
-        (Ok(_), Err(e)) => SandboxRun::Failed(format!("{e:#}")),
-    }
+    SandboxRun::of(measured, stopped)
 }
 
 /// Writes [`FILES`] small text files, source-sized (about 100 to 900 bytes), into `tree/` under

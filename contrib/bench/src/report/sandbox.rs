@@ -1,12 +1,10 @@
 //! The section "gVisor against runc": a table of its own, without targets, its method, and what
 //! failed or was skipped in it.
 
-use std::fmt::Write;
-
-use super::{cell, Context};
-use crate::bench::{Plan, SandboxRun, Sides, BURST, FILES};
+use super::section::{render, row, Layout};
+use super::Context;
+use crate::bench::{Plan, SandboxReport, SandboxRun, Sides, BURST, FILES};
 use crate::raw::Backend;
-use crate::stats::spread;
 
 /// `20 000`, as the rest of the document writes large counts.
 fn count(n: usize) -> String {
@@ -22,42 +20,20 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 }
 
 /// One row: the figure under each sandbox and their ratio; `notes` follow each side's figure.
-fn row(t: &mut String, backend: Backend, measure: &str, sides: &Sides, notes: [&str; 2]) {
-    let _ = writeln!(
-        t,
-        "| {} | {measure} | {}{} | {}{} | {:.2}× |",
-        backend.name(),
-        spread(&sides.container),
-        notes[0],
-        spread(&sides.gvisor),
-        notes[1],
-        sides.ratio()
-    );
+fn sides_row(t: &mut String, backend: Backend, measure: &str, sides: &Sides, notes: [&str; 2]) {
+    let figures = [(&sides.container, notes[0]), (&sides.gvisor, notes[1])];
+    row(t, backend.name(), measure, figures, sides.ratio());
 }
 
-/// The table's rows for one back end.
-fn rows(t: &mut String, backend: Backend, run: &SandboxRun) {
-    let name = backend.name();
-    let r = match run {
-        SandboxRun::Measured(r) => r,
-        SandboxRun::Skipped(why) => {
-            let _ = writeln!(t, "| {name} | **skipped**: {} | | | |", cell(why));
-            return;
-        }
-        SandboxRun::Failed(e) => {
-            // Its first line: the whole, with the daemons' logs, is under the table.
-            let first = e.lines().next().unwrap_or_default();
-            let _ = writeln!(t, "| {name} | **the run failed** | {} | | |", cell(first));
-            return;
-        }
-    };
+/// The table's rows for one back end where the section was measured.
+fn rows(t: &mut String, backend: Backend, r: &SandboxReport) {
     let create = format!(
         "create, no setup, no pool, image local, isolated network ({} a side)",
         r.create.container.len()
     );
-    row(t, backend, &create, &r.create, ["", ""]);
+    sides_row(t, backend, &create, &r.create, ["", ""]);
     let exec = format!("exec `true` round trip ({} a side)", r.exec.container.len());
-    row(t, backend, &exec, &r.exec, ["", ""]);
+    sides_row(t, backend, &exec, &r.exec, ["", ""]);
     let burst = format!(
         "{BURST} concurrent execs of `true` into one environment, wall ({})",
         plural(r.burst.container.len(), "round", "rounds")
@@ -66,58 +42,33 @@ fn rows(t: &mut String, backend: Backend, run: &SandboxRun) {
         format!("; errors {}", r.burst_errors.0),
         format!("; errors {}", r.burst_errors.1),
     ];
-    row(t, backend, &burst, &r.burst, [&errors[0], &errors[1]]);
+    sides_row(t, backend, &burst, &r.burst, [&errors[0], &errors[1]]);
     let build = format!(
         "{} small files, one exec: unpack a tarball, `git init`, `git add -A`, `git commit`, \
          `tar` them again ({})",
         count(FILES),
         plural(r.build.container.len(), "run", "runs")
     );
-    row(t, backend, &build, &r.build, ["", ""]);
+    sides_row(t, backend, &build, &r.build, ["", ""]);
 }
 
 /// The section, for `runs` (each back end's); `alone`: the run of this section by itself whose
 /// rows these are, said so, for a section merged into a document of another run.
 pub fn section(plan: &Plan, runs: &[(Backend, &SandboxRun)], alone: Option<&Context>) -> String {
-    let mut s = String::from("## gVisor against runc\n\n");
     let runsc = runs.iter().find_map(|(_, run)| match run {
         SandboxRun::Measured(r) => Some(format!(", here `{}`", r.runsc)),
         _ => None,
     });
-    let _ = writeln!(
-        s,
+    let intro = format!(
         "The same operations with every machine under `[runtime] sandbox = \"container\"` (runc: \
          the host's kernel) and under `sandbox = \"gvisor\"` (gVisor's runsc: a kernel of its own \
          between the machine and the host's{}). **No target holds on these ratios**: gVisor \
          trades speed for a smaller surface of the host's kernel, and the figures are here for \
-         operators to choose a sandbox by.\n",
+         operators to choose a sandbox by.",
         runsc.unwrap_or_default()
     );
-    if let Some(c) = alone {
-        let _ = writeln!(
-            s,
-            "These rows come from a run of this section alone (`narya-bench --only gvisor{}`) \
-             on {}, on the machine described above, from source {}, naryad's {} profile; load \
-             average {} at its start, {} at its end. The other sections come from the run \
-             described above.\n",
-            if plan.short { " --short" } else { "" },
-            c.date,
-            c.commit,
-            c.naryad_profile,
-            c.load_start,
-            c.load_end
-        );
-    }
-    s.push_str(
-        "| back end | measure | `sandbox = \"container\"`: median (min–max) | `sandbox = \"gvisor\"`: \
-         median (min–max) | gVisor / container |\n| --- | --- | --- | --- | --- |\n",
-    );
-    for (backend, run) in runs {
-        rows(&mut s, *backend, run);
-    }
-    let _ = writeln!(
-        s,
-        "\nMethod: two `naryad` per back end, started side by side and configured as the main \
+    let method = format!(
+        "Method: two `naryad` per back end, started side by side and configured as the main \
          rows' daemon (machines isolated, no pool, so that each create starts its machine), one \
          with `sandbox = \"container\"` and one with `sandbox = \"gvisor\"` (its own `[network] \
          subnet`, as two isolating daemons need); on containerd the daemon runs \
@@ -135,43 +86,24 @@ pub fn section(plan: &Plan, runs: &[(Backend, &SandboxRun)], alone: Option<&Cont
          run of the files.",
         count(FILES)
     );
-    let failures: Vec<String> = runs
-        .iter()
-        .filter_map(|(backend, run)| match run {
-            SandboxRun::Measured(r) if !r.failures.is_empty() => {
-                Some(format!("- {}: {}", backend.name(), r.failures.join("; ")))
-            }
-            SandboxRun::Failed(e) => Some(format!("- {}: {e}", backend.name())),
-            _ => None,
-        })
-        .collect();
-    if !failures.is_empty() {
-        let _ = writeln!(s, "\nFailures:\n\n{}", failures.join("\n"));
-    }
-    s
+    let layout = Layout {
+        title: "gVisor against runc",
+        only: "gvisor",
+        intro,
+        columns: [
+            "`sandbox = \"container\"`: median (min–max)",
+            "`sandbox = \"gvisor\"`: median (min–max)",
+            "gVisor / container",
+        ],
+        method,
+    };
+    render(&layout, plan, runs, alone, rows)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::section::short_plan as short;
     use super::*;
-
-    fn short() -> Plan {
-        crate::bench::Plan {
-            short: true,
-            samples: 3,
-            repeat_samples: 20,
-            concurrency: 64,
-            rounds: 1,
-            exec_loads: Vec::new(),
-            exec_rounds: 1,
-            loaded: 20,
-            list_samples: 3,
-            output_load: crate::bench::OutputLoad {
-                creates: 4,
-                bytes: 1 << 20,
-            },
-        }
-    }
 
     #[test]
     fn a_skip_and_a_failure_each_say_so_in_a_row_of_their_own() {
