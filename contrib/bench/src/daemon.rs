@@ -51,7 +51,25 @@ pub struct Daemon {
     pub log: PathBuf,
     /// Its `state_dir`.
     pub state: PathBuf,
+    /// The engine's socket, on Docker: its network is removed once the daemon stops.
+    docker_socket: Option<String>,
     _dir: tempfile::TempDir,
+}
+
+/// `setup.extra`, with a `[network] subnet` of each daemon's own where it names none: Docker
+/// 20.10 sometimes keeps an endpoint of a removed machine, so that a daemon's network cannot be
+/// removed and holds its subnet against every later daemon's, on either back end.
+fn extra_with_subnet(setup: &Setup<'_>) -> String {
+    static DAEMONS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    if setup.extra.contains("[network]") {
+        return setup.extra.to_string();
+    }
+    let n = DAEMONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 100;
+    format!(
+        "{}\n[network]\nsubnet = \"10.{}.0.0/16\"\n",
+        setup.extra,
+        120 + n
+    )
 }
 
 /// TOML's basic string: JSON's escaping is a subset of it.
@@ -111,7 +129,7 @@ impl Daemon {
             network = quote(network),
             pool = setup.pool,
             disk = quote(disk),
-            extra = setup.extra,
+            extra = extra_with_subnet(setup),
         );
         if setup.rows > 0 {
             crate::bench::seed_rows(&state.join("narya.db"), setup.rows).await?;
@@ -141,6 +159,7 @@ impl Daemon {
             socket,
             log,
             state,
+            docker_socket: (backend == Backend::Docker).then(|| setup.docker_socket.to_owned()),
             _dir: dir,
         };
         daemon.wait_ready(token).await?;
@@ -219,8 +238,14 @@ impl Daemon {
         Ok((field("VmRSS:")?, field("VmHWM:")?))
     }
 
-    /// SIGTERM, then SIGKILL after 30 s.
+    /// SIGTERM, then SIGKILL after 30 s; then, on Docker, its network.
     pub async fn stop(mut self) -> Result<()> {
+        let stopped = self.terminate().await;
+        self.remove_network().await;
+        stopped
+    }
+
+    async fn terminate(&mut self) -> Result<()> {
         if self.child.try_wait()?.is_none() {
             let _ = Command::new("kill")
                 .args(["-TERM", &self.pid.to_string()])
@@ -240,5 +265,30 @@ impl Daemon {
             }
         }
         Ok(())
+    }
+
+    /// The daemon keeps its Docker network at shutdown while machines are on it (the raw side's
+    /// joined it too, and may still be going away): left behind, it would hold the default
+    /// subnet against the next section's daemon. Tried for up to 10 s; gone already is fine.
+    async fn remove_network(&self) {
+        let Some(socket) = &self.docker_socket else {
+            return;
+        };
+        let tag = narya_runtimes::network::tag_for(&self.state.display().to_string());
+        let name = format!("narya-{tag}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = Command::new("docker")
+                .args(["-H", &format!("unix://{socket}"), "network", "rm", &name])
+                .stdout(Stdio::null())
+                .output()
+                .await;
+            let Ok(out) = out else { return };
+            let said = String::from_utf8_lossy(&out.stderr);
+            if out.status.success() || said.contains("not found") || Instant::now() > deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 }
