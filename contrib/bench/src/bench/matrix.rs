@@ -15,8 +15,8 @@ use super::{Bench, Pair, Plan, SectionReport, SectionRun};
 use crate::daemon::{Daemon, Setup};
 use crate::raw::{Backend, Raw};
 
-/// The newer runtime's daemon's `[network] subnet`: both daemons isolate at once, and the
-/// host's one has the default (10.89.0.0/16).
+/// The newer runtime's daemon's `[network] subnet`: both daemons isolate at once; the host's
+/// one gets a subnet of its own from `Daemon::start` (10.120–219.0.0/16).
 pub const MATRIX_SUBNET: &str = "10.91.0.0/16";
 
 /// One runtime's rows.

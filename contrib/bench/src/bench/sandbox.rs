@@ -29,8 +29,8 @@ const DIRS: usize = 200;
 /// What the workload's exec may take (the daemon is asked for this, the answer awaited a
 /// minute longer): far more than either sandbox needs, so a slow one is measured, not cut off.
 const BUILD_LIMIT: Duration = Duration::from_secs(20 * 60);
-/// The gVisor daemon's `[network] subnet`: both daemons isolate at once, and the runc one has
-/// the default (10.89.0.0/16).
+/// The gVisor daemon's `[network] subnet`: both daemons isolate at once; the runc one gets a
+/// subnet of its own from `Daemon::start` (10.120–219.0.0/16).
 const GVISOR_SUBNET: &str = "10.90.0.0/16";
 /// The tarball of the files, in each environment's workspace.
 const TARBALL: &str = "tree.tar";
