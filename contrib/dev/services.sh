@@ -36,14 +36,8 @@ fail() {
   failures=$((failures + 1))
 }
 
-# wait_for SECONDS COMMAND...: polls COMMAND until it succeeds.
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -ge $deadline ] && return 1
-    sleep 0.2
-  done
-}
+# shellcheck source=../lib/wait.sh
+. "$(dirname "$0")/../lib/wait.sh"
 
 registry_up() { curl -fsS "http://$NARYA_REGISTRY/v2/"; }
 podman_up() { curl -fsS --unix-socket "$PODMAN_SOCK" http://d/_ping; }

@@ -41,14 +41,8 @@ SHARED=(/proc /sys /dev /lib/modules "$NARYA_RUN_DIR" "$NARYA_DATA_DIR" /run/net
 
 up() { curl -fsS --unix-socket "$SOCK" http://d/_ping >/dev/null 2>&1; }
 
-# wait_for SECONDS COMMAND...: polls COMMAND until it succeeds.
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -ge $deadline ] && return 1
-    sleep 0.2
-  done
-}
+# shellcheck source=../lib/wait.sh
+. "$here/../lib/wait.sh"
 
 # Runs in the new mount namespace (as bash -c, arguments: the root, then the shared paths):
 # binds the paths into the root, pivots into it and becomes the service.
