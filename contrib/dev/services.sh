@@ -13,8 +13,13 @@
 # install them).
 # Under CI=true any service that does not come up is a failure; otherwise a warning.
 #
-#   contrib/dev/services.sh start [matrix] | stop | env [matrix]
+#   contrib/dev/services.sh start [matrix] | stop | fresh | env [matrix]
 #
+# `fresh` stops them and throws their state away (the btrfs image), so that the next `start`
+# begins from empty runtimes: .ci/run does, because the image outlives a run on the same machine,
+# and with it whatever that run left in a runtime's own store (a Docker network of a killed
+# daemon, with its subnet routed again at every engine start and its stale endpoint refusing
+# removal) would decide the next run.
 # `start matrix` also starts the runtime matrix (start_matrix below); `env matrix` prints the
 # variables that point the tests at it instead.
 set -uo pipefail
@@ -265,6 +270,13 @@ case "${1:-start}" in
     stop_pidfile "$NARYA_RUN_DIR/registry.pid"
     stop_pidfile "$NARYA_RUN_DIR/containerd.pid"
     ;;
+  fresh)
+    "$0" stop
+    if findmnt -n --mountpoint "$NARYA_DATA_DIR" >/dev/null; then
+      umount "$NARYA_DATA_DIR" || fail "cannot unmount $NARYA_DATA_DIR: something still uses it"
+    fi
+    [ "$failures" -gt 0 ] || { rm -f "$NARYA_DISK_IMAGE" && echo "data: $NARYA_DISK_IMAGE removed"; }
+    ;;
   env)
     if [ "${2:-}" = matrix ]; then
       # The tests against the matrix's newer runtimes: the same variables, pointed at them, and
@@ -299,7 +311,7 @@ case "${1:-start}" in
     exit 0
     ;;
   *)
-    echo "usage: $0 start|stop|env" >&2
+    echo "usage: $0 start [matrix] | stop | fresh | env [matrix]" >&2
     exit 2
     ;;
 esac
