@@ -35,13 +35,9 @@ cargo test --workspace --no-fail-fast "$@" || status=$?
 # gVisor runs are in the workspace run above. Only for a whole-suite run.
 if [ $# -eq 0 ] && [ "$(id -u)" = 0 ]; then
   if [ -x /usr/bin/runsc ]; then
-    # Left out, with its reason in the README ("Sandboxes"): on Docker under gVisor a setup
-    # that forks past the pids limit leaves its create waiting for the engine's exec to end.
     NARYA_TEST_SANDBOX=gvisor cargo test --no-fail-fast \
       --test create --test exec --test limits --test network --test bounds --test pool \
-      -- --skip podman \
-      --skip a_setup_forking_without_end_fails_at_the_pids_limit_and_nobody_else_notices::docker \
-      || status=$?
+      -- --skip podman || status=$?
   elif [ "${CI:-}" = "true" ]; then
     echo "test.sh: no /usr/bin/runsc for the gVisor half (contrib/runsc/install.sh installs it)" >&2
     status=1

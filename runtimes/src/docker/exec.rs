@@ -24,6 +24,13 @@ use crate::{ErrorKind, ProcessOutcome, ProcessSpec, Result, Runtime, RuntimeErro
 /// How long a kill waits for the engine to report the process's host pid.
 const PID_WAIT: Duration = Duration::from_secs(2);
 
+/// How often a running exec is asked whether it ended (`exec_over`).
+const EXEC_POLL: Duration = Duration::from_secs(1);
+
+/// How long the output of an exec the engine reports ended may stay silent before it counts as
+/// complete.
+const OUTPUT_QUIET: Duration = Duration::from_secs(2);
+
 /// A name for an exec's mark, distinct within this process (the engine names the exec only
 /// once it is made, with the environment in it).
 fn unique_exec() -> String {
@@ -164,9 +171,17 @@ impl Docker {
         let _feeding = Feeding::start(input, spec.stdin.as_ref());
         let mut pump = OutputPump::new(frames, spec.output_limit, spec.output.clone());
         let ending = {
-            // The stream ends when the process's output closes, which need not be its end.
+            // The stream ends when the process's output closes, which need not be its end; and
+            // a process can end without its stream ending (see `exec_over`).
             let ended = std::pin::pin!(async {
-                pump.read_all().await?;
+                let read = tokio::select! {
+                    read = pump.read_all() => Some(read),
+                    () = self.exec_over(client, &exec) => None,
+                };
+                match read {
+                    Some(read) => read?,
+                    None => pump.read_until_quiet(OUTPUT_QUIET).await?,
+                }
                 self.exec_exit(client, &exec).await
             });
             let kill = async {
@@ -180,6 +195,26 @@ impl Docker {
             watch(&watched, ended, kill).await
         };
         pump.outcome(ending, started).await
+    }
+
+    /// Resolves once the engine reports exec `exec` ended, or no longer knows it (its machine
+    /// stopped), while its output is still being read: Docker 20.10 sometimes never closes the
+    /// stream of an exec whose gVisor sandbox died at its `pids` limit, which left a setup
+    /// waiting for its whole bound. Asked only after a second, and then every second, so that
+    /// short processes cost the engine nothing more.
+    async fn exec_over(&self, client: &Client, exec: &str) {
+        loop {
+            tokio::time::sleep(EXEC_POLL).await;
+            match found(
+                "reading whether a process ended",
+                client.inspect_exec(exec).await,
+            ) {
+                Ok(None) => return,
+                Ok(Some(info)) if info.running == Some(false) && info.exit_code.is_some() => return,
+                // Running, or the engine cannot say now: a broken stream says the rest.
+                Ok(Some(_)) | Err(_) => {}
+            }
+        }
     }
 
     /// The exit code of exec `exec` once the engine has it; right after the output ends the

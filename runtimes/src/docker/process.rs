@@ -44,7 +44,29 @@ impl OutputPump {
     /// is sent once reading stops unless `drain` is called. The watcher bounds all of it: a
     /// slow reader holds the process back, but never past its deadline.
     pub(super) async fn read_all(&mut self) -> Result<()> {
-        while let Some(frame) = self.frames.next().await {
+        self.read(None).await
+    }
+
+    /// Reads like `read_all`, but also stops once no output came for `quiet`: for a process the
+    /// engine already reports ended, whose stream the engine may never close (Docker 20.10
+    /// leaves an exec's stream open when its gVisor sandbox dies under it). Output that keeps
+    /// coming is read to its end, however slowly the caller takes it.
+    pub(super) async fn read_until_quiet(&mut self, quiet: Duration) -> Result<()> {
+        self.read(Some(quiet)).await
+    }
+
+    async fn read(&mut self, quiet: Option<Duration>) -> Result<()> {
+        loop {
+            let next = match quiet {
+                None => self.frames.next().await,
+                Some(quiet) => match tokio::time::timeout(quiet, self.frames.next()).await {
+                    Ok(next) => next,
+                    Err(_) => return Ok(()),
+                },
+            };
+            let Some(frame) = next else {
+                return Ok(());
+            };
             let bytes = frame
                 .map_err(|e| classify("reading process output", e))?
                 .into_bytes();
@@ -57,7 +79,6 @@ impl OutputPump {
                 }
             }
         }
-        Ok(())
     }
 
     /// After a kill: what is still on its way, for at most `grace`, so the tail holds the last

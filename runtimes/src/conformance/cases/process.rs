@@ -16,6 +16,10 @@ pub(super) fn all() -> Vec<(&'static str, &'static str, CaseFn)> {
         case!("process", output_streams_while_the_process_runs),
         case!("process", an_abandoned_stream_kills_the_process),
         case!("process", time_out_kills_the_process_and_its_descendants),
+        case!(
+            "process",
+            a_child_holding_the_output_does_not_hold_the_answer
+        ),
         case!("process", run_in_a_missing_machine_is_not_found),
     ]
 }
@@ -236,6 +240,37 @@ async fn time_out_kills_the_process_and_its_descendants(c: &Context<'_>) -> Resu
         .collect();
     check(left.is_empty(), || {
         format!("still running in the machine: {left:?}")
+    })
+}
+
+/// A process that ends leaving a child holding its output answers with its own exit code, not
+/// at the child's end or its own bound (on Docker the engine may keep the stream open after the
+/// process ended: the back end asks the engine instead).
+async fn a_child_holding_the_output_does_not_hold_the_answer(
+    c: &Context<'_>,
+) -> Result<(), Outcome> {
+    let (id, _) = c.machine(0).await?;
+    let started = Instant::now();
+    let out = c
+        .run(
+            &id,
+            "sleep 299 & echo parent; exit 3",
+            BTreeMap::new(),
+            None,
+            Duration::from_secs(240),
+            4096,
+        )
+        .await?;
+    let took = started.elapsed();
+    check(out.exit_code == Some(3) && !out.timed_out, || {
+        format!("{out:?}")
+    })?;
+    check(text(&out).contains("parent"), || {
+        format!("output {:?}", text(&out))
+    })?;
+    // The child sleeps for 299 s and the bound is 240 s: anything near a minute waited for one.
+    check(took < Duration::from_secs(60), || {
+        format!("answered after {took:?}")
     })
 }
 
