@@ -273,7 +273,10 @@ case "${1:-start}" in
   fresh)
     "$0" stop
     if findmnt -n --mountpoint "$NARYA_DATA_DIR" >/dev/null; then
-      umount "$NARYA_DATA_DIR" || fail "cannot unmount $NARYA_DATA_DIR: something still uses it"
+      # A machine left running keeps its layers mounted below: those go with it, or at once
+      # from sight (lazily) while what still uses them lets go.
+      umount -R "$NARYA_DATA_DIR" 2>/dev/null || umount -R -l "$NARYA_DATA_DIR" \
+        || fail "cannot unmount $NARYA_DATA_DIR"
     fi
     [ "$failures" -gt 0 ] || { rm -f "$NARYA_DISK_IMAGE" && echo "data: $NARYA_DISK_IMAGE removed"; }
     ;;
