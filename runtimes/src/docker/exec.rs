@@ -174,14 +174,8 @@ impl Docker {
             // The stream ends when the process's output closes, which need not be its end; and
             // a process can end without its stream ending (see `exec_over`).
             let ended = std::pin::pin!(async {
-                let read = tokio::select! {
-                    read = pump.read_all() => Some(read),
-                    () = self.exec_over(client, &exec) => None,
-                };
-                match read {
-                    Some(read) => read?,
-                    None => pump.read_until_quiet(OUTPUT_QUIET).await?,
-                }
+                pump.read_until_over(self.exec_over(client, &exec), OUTPUT_QUIET)
+                    .await?;
                 self.exec_exit(client, &exec).await
             });
             let kill = async {

@@ -44,25 +44,45 @@ impl OutputPump {
     /// is sent once reading stops unless `drain` is called. The watcher bounds all of it: a
     /// slow reader holds the process back, but never past its deadline.
     pub(super) async fn read_all(&mut self) -> Result<()> {
-        self.read(None).await
+        self.read(std::future::pending(), Duration::ZERO).await
     }
 
-    /// Reads like `read_all`, but also stops once no output came for `quiet`: for a process the
-    /// engine already reports ended, whose stream the engine may never close (Docker 20.10
-    /// leaves an exec's stream open when its gVisor sandbox dies under it). Output that keeps
-    /// coming is read to its end, however slowly the caller takes it.
-    pub(super) async fn read_until_quiet(&mut self, quiet: Duration) -> Result<()> {
-        self.read(Some(quiet)).await
+    /// Reads like `read_all`, until `over` (the engine reports the process ended) and then only
+    /// until no output came for `quiet`: the engine may never close the stream of a process that
+    /// ended (Docker leaves an exec's stream open when its gVisor sandbox dies under it). Output
+    /// that keeps coming is read to its end, however slowly the caller takes it; and waiting
+    /// for `over` never cuts a chunk short on its way to the caller.
+    pub(super) async fn read_until_over(
+        &mut self,
+        over: impl std::future::Future<Output = ()>,
+        quiet: Duration,
+    ) -> Result<()> {
+        self.read(over, quiet).await
     }
 
-    async fn read(&mut self, quiet: Option<Duration>) -> Result<()> {
+    async fn read(
+        &mut self,
+        over: impl std::future::Future<Output = ()>,
+        quiet: Duration,
+    ) -> Result<()> {
+        let mut over = std::pin::pin!(over);
+        let mut ended = false;
         loop {
-            let next = match quiet {
-                None => self.frames.next().await,
-                Some(quiet) => match tokio::time::timeout(quiet, self.frames.next()).await {
+            let next = if ended {
+                match tokio::time::timeout(quiet, self.frames.next()).await {
                     Ok(next) => next,
                     Err(_) => return Ok(()),
-                },
+                }
+            } else {
+                // Only the wait for a frame is raced, and a stream's `next` loses nothing when
+                // it is dropped.
+                tokio::select! {
+                    next = self.frames.next() => next,
+                    () = &mut over => {
+                        ended = true;
+                        continue;
+                    }
+                }
             };
             let Some(frame) = next else {
                 return Ok(());
