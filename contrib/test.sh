@@ -36,7 +36,7 @@ cargo test --workspace --no-fail-fast "$@" || status=$?
 if [ $# -eq 0 ] && [ "$(id -u)" = 0 ]; then
   if [ -x /usr/bin/runsc ]; then
     NARYA_TEST_SANDBOX=gvisor cargo test --no-fail-fast \
-      --test create --test exec --test limits --test network --test bounds --test pool \
+      --test create --test identifiers --test exec --test limits --test network --test bounds --test pool \
       -- --skip podman || status=$?
   elif [ "${CI:-}" = "true" ]; then
     echo "test.sh: no /usr/bin/runsc for the gVisor half (contrib/runsc/install.sh installs it)" >&2
@@ -62,7 +62,7 @@ if [ $# -eq 0 ] && [ "$(id -u)" = 0 ]; then
         || status=$?
       NARYA_TEST_CONTAINERD_SOCKET=$NARYA_TEST_CONTAINERD17_SOCKET \
         cargo test -p narya-runtimes --no-fail-fast --test containerd -- conformance_with || status=$?
-      cargo test --no-fail-fast --test check_config --test create --test exec --test limits \
+      cargo test --no-fail-fast --test check_config --test create --test identifiers --test exec --test limits \
         --test network --test pool --test recovery || status=$?
       exit $status
     ) || status=$?
