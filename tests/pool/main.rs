@@ -2,11 +2,12 @@
 //! started before the request, the pool refilled, never a machine of an old digest served,
 //! nothing pooled and claimed at once after a crash, and pooled environments isolated like any.
 
+mod machines;
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
@@ -17,206 +18,13 @@ use support::e2e::{body, create, delete, exec, get, unique_id, until, Backend, H
 use support::github::GitHubDouble;
 use support::network::{address_of, connect, DROPPED};
 
+use machines::{
+    claimed_machine, clean_up, full_pool, pool_dir, pool_machines, unclaimed, PoolHost,
+    REFILLED_WITHIN,
+};
+
 /// Two machines kept started, with the limits every test daemon has.
 const POOL_OF_TWO: &str = "[pool]\nsize = 2\n";
-
-/// How long a refill may take on a loaded, shared CI machine (Podman, starting one machine at a
-/// time while other tests start theirs, once took more than 30 s).
-const REFILLED_WITHIN: Duration = Duration::from_secs(60);
-
-fn pool_dir(host: &Host) -> PathBuf {
-    host.daemon.dir.path().join("state/workspaces/.pool")
-}
-
-/// This daemon's pool mark and its dash: the beginning of every `dev.narya.pool` label it
-/// writes.
-fn owner(host: &Host) -> String {
-    let workspaces = host.daemon.dir.path().join("state/workspaces");
-    format!("{}-", narya::environments::pool_owner_mark(&workspaces))
-}
-
-/// The runtime's machines this daemon made for its pool, claimed or not, by name.
-async fn pool_machines(host: &Host) -> BTreeSet<String> {
-    let owner = owner(host);
-    // Podman reports a container it is stopping as `stopped`, which the engine API's client
-    // cannot read; such a listing fails until the container is gone or `exited`.
-    let deadline = Instant::now() + REFILLED_WITHIN;
-    let listed = loop {
-        match host.runtime.list().await {
-            Ok(listed) => break listed,
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("listing again: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("the runtime lists: {e}"),
-        }
-    };
-    let mut names = BTreeSet::new();
-    for machine in listed {
-        let ours = machine
-            .pool
-            .as_deref()
-            .is_some_and(|p| p.starts_with(&owner))
-            || pool_entry_is_link(host, &machine.id);
-        if ours {
-            names.insert(machine.id);
-        }
-    }
-    names
-}
-
-fn pool_entry_is_link(host: &Host, name: &str) -> bool {
-    std::fs::symlink_metadata(pool_dir(host).join(name)).is_ok_and(|m| m.file_type().is_symlink())
-}
-
-/// The pool machines waiting to be claimed: an empty workspace of their own, running.
-async fn unclaimed(host: &Host) -> BTreeSet<String> {
-    let Ok(entries) = std::fs::read_dir(pool_dir(host)) else {
-        return BTreeSet::new();
-    };
-    let mut names = BTreeSet::new();
-    for entry in entries.flatten() {
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if host.runtime.inspect(&name).await.ok() == Some(MachineState::Running) {
-            names.insert(name);
-        }
-    }
-    names
-}
-
-/// The pool machine environment `id` was served, found by the link its workspace left.
-fn claimed_machine(host: &Host, id: &str) -> Option<String> {
-    let entries = std::fs::read_dir(pool_dir(host)).ok()?;
-    entries.flatten().find_map(|entry| {
-        let target = std::fs::read_link(entry.path()).ok()?;
-        (target == host.workspace(id)).then(|| entry.file_name().to_string_lossy().into_owned())
-    })
-}
-
-/// Waits until `size` machines wait in the pool and answers them.
-async fn full_pool(host: &Host, size: usize) -> BTreeSet<String> {
-    let deadline = Instant::now() + REFILLED_WITHIN;
-    loop {
-        let ready = unclaimed(host).await;
-        if ready.len() >= size {
-            // Started and running; give the daemon a moment to count the last one in.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            return ready;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the pool held {} of {size} after {REFILLED_WITHIN:?}:\n{}",
-            ready.len(),
-            host.daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A host whose pool machines go with it even when the test fails: pool machines outlive
-/// their daemon on purpose, so a panicking test would leave them running. On drop the daemon
-/// is stopped first (it would start new ones), then every machine named in its pool directory
-/// (claimed ones leave a link there) or labelled with its pool mark is removed with the
-/// runtime's own client, and then its network and firewall chains (a Podman network left
-/// behind holds its subnet, which a later test may lease).
-struct PoolHost(Option<Host>);
-
-impl std::ops::Deref for PoolHost {
-    type Target = Host;
-    fn deref(&self) -> &Host {
-        self.0.as_ref().expect("the host is there until drop")
-    }
-}
-
-impl std::ops::DerefMut for PoolHost {
-    fn deref_mut(&mut self) -> &mut Host {
-        self.0.as_mut().expect("the host is there until drop")
-    }
-}
-
-impl Drop for PoolHost {
-    fn drop(&mut self) {
-        let Some(host) = self.0.take() else {
-            return;
-        };
-        let (backend, socket, owner) = (host.backend, host.socket.clone(), owner(&host));
-        // The daemon keeps its network and chains while machines of its remain (its pool's do).
-        let tag = narya_runtimes::network::tag_for(
-            &host.daemon.dir.path().join("state").display().to_string(),
-        );
-        let mut names: BTreeSet<String> = std::fs::read_dir(pool_dir(&host))
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        drop(host);
-        let run = |program: &str, args: &[&str]| {
-            std::process::Command::new(program)
-                .args(args)
-                .output()
-                .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
-                .unwrap_or_default()
-        };
-        match backend {
-            Backend::Containerd => {
-                let ctr = ["--address", &socket, "--namespace", support::e2e::NAMESPACE];
-                let filter = format!("labels.\"dev.narya.pool\"~=\"^{owner}\"");
-                let listed = run(
-                    "ctr",
-                    &[&ctr[..], &["containers", "ls", "-q", &filter]].concat(),
-                );
-                names.extend(listed.split_whitespace().map(str::to_owned));
-                for name in &names {
-                    run("ctr", &[&ctr[..], &["tasks", "rm", "-f", name]].concat());
-                    run("ctr", &[&ctr[..], &["containers", "rm", name]].concat());
-                }
-            }
-            Backend::Docker | Backend::Podman => {
-                let host = format!("unix://{socket}");
-                let listed = run(
-                    "docker",
-                    &[
-                        "-H",
-                        &host,
-                        "ps",
-                        "-a",
-                        "--filter",
-                        "label=dev.narya.pool",
-                        "--format",
-                        "{{.Names}} {{.Label \"dev.narya.pool\"}}",
-                    ],
-                );
-                names.extend(listed.lines().filter_map(|line| {
-                    let (name, mark) = line.split_once(' ')?;
-                    mark.starts_with(&owner).then(|| name.to_owned())
-                }));
-                for name in &names {
-                    run("docker", &["-H", &host, "rm", "-f", name]);
-                }
-                run(
-                    "docker",
-                    &["-H", &host, "network", "rm", &format!("narya-{tag}")],
-                );
-            }
-        }
-        narya_runtimes::network::remove_chains_of(&tag);
-    }
-}
-
-/// Stops the daemon and removes every machine it made for its pool: pool machines outlive
-/// the daemon on purpose.
-async fn clean_up(mut host: PoolHost) {
-    tokio::task::block_in_place(|| host.daemon.terminate());
-    for name in pool_machines(&host).await {
-        let _ = host.runtime.remove(&name).await;
-    }
-}
 
 async fn two_creates_are_served_from_the_pool_a_third_is_made_and_the_pool_refills(
     backend: Backend,
