@@ -278,7 +278,10 @@ case "${1:-start}" in
       umount -R "$NARYA_DATA_DIR" 2>/dev/null || umount -R -l "$NARYA_DATA_DIR" \
         || fail "cannot unmount $NARYA_DATA_DIR"
     fi
-    [ "$failures" -gt 0 ] || { rm -f "$NARYA_DISK_IMAGE" && echo "data: $NARYA_DISK_IMAGE removed"; }
+    if [ "$failures" -eq 0 ]; then
+      rm -f "$NARYA_DISK_IMAGE" && echo "data: $NARYA_DISK_IMAGE removed" \
+        || fail "cannot remove $NARYA_DISK_IMAGE"
+    fi
     ;;
   env)
     if [ "${2:-}" = matrix ]; then
@@ -321,7 +324,7 @@ esac
 
 if [ "$failures" -gt 0 ]; then
   if [ "${CI:-}" = "true" ]; then
-    echo "services: $failures service(s) failed to start; under CI=true that fails the run" >&2
+    echo "services: $failures problem(s) (above); under CI=true that fails the run" >&2
     exit 1
   fi
   echo "services: $failures service(s) not running; tests that need them will skip (never under CI=true)" >&2
