@@ -145,13 +145,7 @@ impl Drop for PoolHost {
             })
             .unwrap_or_default();
         drop(host);
-        let run = |program: &str, args: &[&str]| {
-            std::process::Command::new(program)
-                .args(args)
-                .output()
-                .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
-                .unwrap_or_default()
-        };
+        let run = crate::support::cleanup::stdout_of;
         match backend {
             Backend::Containerd => {
                 let ctr = [

@@ -9,6 +9,16 @@ use narya_runtimes::Runtime;
 
 use super::e2e::{Backend, Host, NAMESPACE};
 
+/// What `program args` printed on stdout, or nothing when it could not run: clean-up runs a
+/// runtime's own client (`ctr`, `docker`) and carries on whatever it answers.
+pub fn stdout_of(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default()
+}
+
 impl Host {
     /// A guard that removes every machine of environment `id` when dropped, also when the test
     /// fails before its own clean-up.

@@ -463,13 +463,7 @@ impl Host {
 
 impl Drop for Removal {
     fn drop(&mut self) {
-        let run = |program: &str, args: &[&str]| {
-            std::process::Command::new(program)
-                .args(args)
-                .output()
-                .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
-                .unwrap_or_default()
-        };
+        let run = super::cleanup::stdout_of;
         match self.backend {
             Backend::Containerd => {
                 let ctr = ["--address", &self.socket, "--namespace", NAMESPACE];
