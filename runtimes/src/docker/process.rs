@@ -44,7 +44,8 @@ impl OutputPump {
     /// is sent once reading stops unless `drain` is called. The watcher bounds all of it: a
     /// slow reader holds the process back, but never past its deadline.
     pub(super) async fn read_all(&mut self) -> Result<()> {
-        self.read(std::future::pending(), Duration::ZERO).await
+        self.read_until_over(std::future::pending(), Duration::ZERO)
+            .await
     }
 
     /// Reads like `read_all`, until `over` (the engine reports the process ended) and then only
@@ -53,14 +54,6 @@ impl OutputPump {
     /// that keeps coming is read to its end, however slowly the caller takes it; and waiting
     /// for `over` never cuts a chunk short on its way to the caller.
     pub(super) async fn read_until_over(
-        &mut self,
-        over: impl std::future::Future<Output = ()>,
-        quiet: Duration,
-    ) -> Result<()> {
-        self.read(over, quiet).await
-    }
-
-    async fn read(
         &mut self,
         over: impl std::future::Future<Output = ()>,
         quiet: Duration,
