@@ -3,7 +3,7 @@
 //! [`crate::seccomp`], private namespaces (cgroup included), the `[limits]` in the cgroup, an
 //! explicit `RLIMIT_NOFILE` and a raised `oom_score_adj`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use oci_spec::runtime::{
@@ -28,6 +28,14 @@ pub const OOM_SCORE_ADJ: i32 = 500;
 
 /// The CFS period the CPU quota is a share of, in microseconds (the kernel's default).
 pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// The annotation a spec whose private network namespace is new and empty carries, with
+/// [`NO_NETWORK`]: the runtime wrapper (`contrib/runsc/narya-runsc`) gives such a sandbox gVisor's
+/// loopback-only network, since gVisor's netstack would otherwise take no interface from the
+/// namespace (its loopback is down).
+pub const NETWORK_ANNOTATION: &str = "org.narya.network";
+/// [`NETWORK_ANNOTATION`]'s value for a network with nothing but loopback.
+pub const NO_NETWORK: &str = "none";
 
 const MASKED_PATHS: &[&str] = &[
     "/proc/acpi",
@@ -358,7 +366,18 @@ pub fn container(spec: &ContainerSpec<'_>) -> Result<Spec, SpecError> {
         .hostname(spec.hostname)
         .mounts(mounts)
         .linux(linux)
+        .annotations(annotations(spec))
         .build()
+}
+
+/// What a runtime wrapper reads of a container's network: [`NO_NETWORK`] for a new, empty
+/// namespace.
+fn annotations(spec: &ContainerSpec<'_>) -> HashMap<String, String> {
+    let mut annotations = HashMap::new();
+    if !spec.host_network && spec.netns.is_none() {
+        annotations.insert(NETWORK_ANNOTATION.to_owned(), NO_NETWORK.to_owned());
+    }
+    annotations
 }
 
 #[cfg(test)]

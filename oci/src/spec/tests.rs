@@ -70,6 +70,24 @@ fn a_private_network_joins_the_namespace_made_for_it_with_its_resolv_conf() {
 }
 
 #[test]
+fn only_a_new_empty_network_namespace_is_annotated_as_no_network() {
+    let annotation = |spec: &Value| spec["annotations"][NETWORK_ANNOTATION].clone();
+    let empty = sample(false);
+    assert_eq!(annotation(&empty), json!(NO_NETWORK));
+    assert_eq!(annotation(&sample(true)), Value::Null, "the host's network");
+    let joined = to_value(&ContainerSpec {
+        host_network: false,
+        netns: Some(Path::new("/run/narya/netns/demo")),
+        ..sample_spec()
+    });
+    assert_eq!(
+        annotation(&joined),
+        Value::Null,
+        "a namespace made and wired"
+    );
+}
+
+#[test]
 fn processes_are_unprivileged_and_bounded() {
     let spec = sample(true);
     let p = &spec["process"];

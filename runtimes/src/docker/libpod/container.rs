@@ -16,6 +16,7 @@ use bollard::models::{
     RestartPolicy,
 };
 use bytes::Bytes;
+use narya_oci::spec::{NETWORK_ANNOTATION, NO_NETWORK};
 use serde_json::{json, Map, Value};
 
 use super::{expect, request, untranslated, LibpodError};
@@ -154,7 +155,13 @@ fn host_spec(host: &HostConfig, spec: &mut Map<String, Value>) -> Result<Vec<Str
     }
     match host.network_mode.as_deref() {
         None => {}
-        Some(mode @ ("host" | "none")) => put("netns", json!({ "nsmode": mode })),
+        Some("host") => put("netns", json!({ "nsmode": "host" })),
+        Some("none") => {
+            put("netns", json!({ "nsmode": "none" }));
+            // Podman leaves the new namespace's loopback down and names no path for it in the
+            // spec: the runsc wrapper reads this to give gVisor's loopback-only network.
+            put("annotations", json!({ (NETWORK_ANNOTATION): NO_NETWORK }));
+        }
         Some(network) => {
             put("netns", json!({ "nsmode": "bridge" }));
             put("Networks", json!({ network: {} }));
@@ -398,6 +405,20 @@ mod tests {
         assert_eq!(mounts.len(), 2);
         assert_eq!(mounts[0]["options"], json!(["rbind", "rw"]));
         assert_eq!(mounts[1]["type"], json!("tmpfs"));
+    }
+
+    #[test]
+    fn no_network_is_annotated_for_the_runsc_wrapper() {
+        let body = ContainerCreateBody {
+            host_config: Some(HostConfig {
+                network_mode: Some("none".to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let spec = spec_generator("m1", &body).expect("everything is carried over");
+        assert_eq!(spec["netns"], json!({"nsmode": "none"}));
+        assert_eq!(spec["annotations"], json!({"org.narya.network": "none"}));
     }
 
     #[test]
