@@ -228,11 +228,7 @@ async fn a_pooled_environment_is_isolated_and_bounded_like_any_other(backend: Ba
         )
         .await,
     );
-    assert_eq!(
-        hog["exit_code"],
-        support::e2e::killed_past_memory(),
-        "{hog}"
-    );
+    support::e2e::assert_killed_past_memory(&hog);
     until(&client, &first, REFILLED_WITHIN, "ready", |e| {
         e["status"] == "ready"
     })
