@@ -5,6 +5,8 @@
 #   registry    http://$NARYA_REGISTRY                  (Debian's docker-registry, distribution 2.8)
 #   podman      unix://$NARYA_RUN_DIR/podman.sock       (Podman's Docker-compatible service; its
 #               own storage under $NARYA_DATA_DIR/podman, its own registries.conf)
+#   podman-gvisor unix://$NARYA_RUN_DIR/podman-gvisor.sock (the same Podman with runsc as its
+#               default runtime, when runsc is installed: gVisor on Podman)
 # $NARYA_DATA_DIR is first mounted from a btrfs image with simple quotas on ($NARYA_DISK_IMAGE,
 # sparse, kept between runs), so that `[limits] disk` can bound what environments write to the
 # runtimes' writable layers and to workspaces under $NARYA_DATA_DIR/tests (tests' state dirs).
@@ -30,7 +32,6 @@ NARYA_REGISTRY=${NARYA_REGISTRY:-127.0.0.1:5000}
 CONTAINERD_SOCK=$NARYA_RUN_DIR/containerd.sock
 DOCKER_SOCK=$NARYA_RUN_DIR/docker.sock
 PODMAN_SOCK=$NARYA_RUN_DIR/podman.sock
-PODMAN_CONF=$NARYA_RUN_DIR/podman
 LOG_DIR=$NARYA_RUN_DIR/logs
 NARYA_DISK_IMAGE=${NARYA_DISK_IMAGE:-/var/tmp/narya-test-disk.btrfs}
 NARYA_DISK_SIZE=${NARYA_DISK_SIZE:-64G}
@@ -45,16 +46,6 @@ fail() {
 . "$(dirname "$0")/../lib/wait.sh"
 
 registry_up() { curl -fsS "http://$NARYA_REGISTRY/v2/"; }
-podman_up() { curl -fsS --unix-socket "$PODMAN_SOCK" http://d/_ping; }
-
-# Podman reads its configuration from files (contrib/lib/podman-conf.sh writes them); these keep
-# it off the host's own (its storage, registries and containers.conf) and let it pull from the
-# plain-HTTP test registry.
-podman_env() {
-  # shellcheck source=../lib/podman-conf.sh
-  . "$(dirname "$0")/../lib/podman-conf.sh"
-  podman_conf_env "$PODMAN_CONF"
-}
 
 # Whether $NARYA_DATA_DIR is a btrfs mount with quotas on.
 data_has_quotas() {
@@ -216,28 +207,46 @@ YAML
   fi
 }
 
+# start_podman [NAME [RUNTIME]]: the host's Podman as the Docker-compatible service NAME (default
+# "podman") on $NARYA_RUN_DIR/NAME.sock, its storage under $NARYA_DATA_DIR/NAME and its
+# configuration in $NARYA_RUN_DIR/NAME; RUNTIME, when given, its default OCI runtime. runsc is
+# registered with it when installed. Podman reads its configuration from files (written by
+# contrib/lib/podman-conf.sh): these keep it off the host's own (storage, registries,
+# containers.conf) and let it pull from the plain-HTTP test registry.
 start_podman() {
-  if podman_up >/dev/null 2>&1; then echo "podman: already answering on $PODMAN_SOCK"; return; fi
+  local name=${1:-podman} runtime=${2:-}
+  local sock=$NARYA_RUN_DIR/$name.sock conf=$NARYA_RUN_DIR/$name
+  local up=(curl -fsS --unix-socket "$sock" http://d/_ping)
+  if "${up[@]}" >/dev/null 2>&1; then echo "$name: already answering on $sock"; return; fi
   command -v podman >/dev/null || { fail "podman is not installed (apt-get install podman)"; return; }
-  podman_env
+  # shellcheck source=../lib/podman-conf.sh
+  . "$(dirname "$0")/../lib/podman-conf.sh"
   local runsc=
   [ ! -x "$RUNSC_WRAPPER" ] || runsc=$RUNSC_WRAPPER
-  write_podman_conf "$PODMAN_CONF" "$NARYA_DATA_DIR/podman" "$NARYA_RUN_DIR/podman" "$NARYA_REGISTRY" "" "$runsc" \
-    || { fail "cannot write Podman's configuration in $PODMAN_CONF"; return; }
-  rm -f "$PODMAN_SOCK"
+  write_podman_conf "$conf" "$NARYA_DATA_DIR/$name" "$NARYA_RUN_DIR/$name" "$NARYA_REGISTRY" "$runtime" "$runsc" \
+    || { fail "cannot write $name's configuration in $conf"; return; }
+  rm -f "$sock"
   # From /: conmon, which starts every container, inherits the service's working directory and
   # fails each start ("Failed to get working directory") once that directory is deleted.
-  (cd / && exec setsid podman --root "$NARYA_DATA_DIR/podman/storage" --runroot "$NARYA_RUN_DIR/podman-run" \
-    --cgroup-manager cgroupfs --tmpdir "$NARYA_RUN_DIR/podman-tmp" \
-    system service --time=0 "unix://$PODMAN_SOCK") \
-    >"$LOG_DIR/podman.log" 2>&1 < /dev/null &
-  echo $! > "$NARYA_RUN_DIR/podman.pid"
-  if wait_for 60 podman_up; then
-    echo "podman: answering on $PODMAN_SOCK"
+  (podman_conf_env "$conf" && cd / && exec setsid podman --root "$NARYA_DATA_DIR/$name/storage" \
+    --runroot "$NARYA_RUN_DIR/$name-run" --cgroup-manager cgroupfs --tmpdir "$NARYA_RUN_DIR/$name-tmp" \
+    system service --time=0 "unix://$sock") \
+    >"$LOG_DIR/$name.log" 2>&1 < /dev/null &
+  echo $! > "$NARYA_RUN_DIR/$name.pid"
+  if wait_for 60 "${up[@]}"; then
+    echo "$name: answering on $sock"
   else
-    fail "podman did not answer on $PODMAN_SOCK within 60 s; see $LOG_DIR/podman.log"
-    tail -n 20 "$LOG_DIR/podman.log" >&2
+    fail "$name did not answer on $sock within 60 s; see $LOG_DIR/$name.log"
+    tail -n 20 "$LOG_DIR/$name.log" >&2
   fi
+}
+
+# The host's Podman again with runsc as its default runtime, for gVisor on Podman: Podman's API
+# ignores the runtime a container asks for (Podman issue 28429; 4.3 to 5.8), so the daemon runs
+# Podman's machines under gVisor only where runsc is the default.
+start_podman_gvisor() {
+  [ -x "$RUNSC_WRAPPER" ] || return 0
+  start_podman podman-gvisor runsc
 }
 
 stop_pidfile() {
@@ -258,6 +267,7 @@ case "${1:-start}" in
     start_dockerd
     start_registry
     start_podman
+    start_podman_gvisor
     [ "${2:-}" != matrix ] || start_matrix
     ;;
   stop)
@@ -265,6 +275,7 @@ case "${1:-start}" in
     stop_pidfile "$NARYA_RUN_DIR/containerd-1.7.pid"
     stop_pidfile "$NARYA_RUN_DIR/docker-28.pid"
     stop_pidfile "$NARYA_RUN_DIR/containerd-2.1.pid"
+    stop_pidfile "$NARYA_RUN_DIR/podman-gvisor.pid"
     stop_pidfile "$NARYA_RUN_DIR/podman.pid"
     stop_pidfile "$NARYA_RUN_DIR/docker.pid"
     stop_pidfile "$NARYA_RUN_DIR/registry.pid"
@@ -304,6 +315,9 @@ case "${1:-start}" in
     echo "export NARYA_RUN_DIR=$NARYA_RUN_DIR"
     echo "export NARYA_DATA_DIR=$NARYA_DATA_DIR"
     echo "export NARYA_TEST_PODMAN_SOCKET=$PODMAN_SOCK"
+    # Podman with runsc as its default runtime, for gVisor on Podman (start_podman_gvisor).
+    echo "export NARYA_TEST_PODMAN_GVISOR_SOCKET=$NARYA_RUN_DIR/podman-gvisor.sock"
+    echo "export NARYA_TEST_PODMAN_GVISOR_DIRS=$NARYA_DATA_DIR/podman-gvisor:$NARYA_RUN_DIR/podman-gvisor-run"
     # Tests' state directories go here: the filesystem the runtimes' layers are on, with quotas.
     echo "export NARYA_TEST_STATE_ROOT=$NARYA_DATA_DIR/tests"
     # The matrix's newer engines, for the benchmark's rows beside the host's (`start matrix`).

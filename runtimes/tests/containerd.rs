@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use narya_oci::ImageReference;
 use narya_runtimes::containerd::{Containerd, ContainerdConfig};
 use narya_runtimes::network::NetworkConfig;
-use narya_runtimes::{ImageSource, MachineSpec, MachineState, Network, Runtime, Sandbox, User};
+use narya_runtimes::{ImageSource, MachineState, Network, Runtime, Sandbox};
 
 fn containerd(
     socket: &str,
@@ -168,35 +168,6 @@ async fn with_the_image(
     Some((socket, runtime, image))
 }
 
-/// Test machine `id` of the official image, its workspace made under `scratch`.
-fn machine_spec(
-    id: &str,
-    organisation: &str,
-    image: narya_runtimes::PinnedImage,
-    scratch: &std::path::Path,
-    network: Network,
-) -> MachineSpec {
-    let workspace = scratch.join("workspace");
-    std::fs::create_dir_all(&workspace).unwrap();
-    MachineSpec {
-        id: id.to_owned(),
-        environment: id.to_owned(),
-        organisation: organisation.to_owned(),
-        image,
-        workspace,
-        mount_point: "/workspace".to_owned(),
-        user: User {
-            uid: 1000,
-            gid: 1000,
-        },
-        network,
-        limits: support::test_limits(),
-        pool: None,
-        labels: BTreeMap::new(),
-        layer: None,
-    }
-}
-
 /// Removes machine `id` of `namespace` with containerd's own CLI when dropped, also when the
 /// test failed: task, container record, writable layer.
 struct Removal {
@@ -253,7 +224,7 @@ async fn a_task_that_outlived_its_container_does_not_block_a_new_machine_of_its_
         namespace: namespace.to_owned(),
         id: id.clone(),
     };
-    let spec = machine_spec(&id, namespace, image, scratch.path(), Network::Host);
+    let spec = support::machine_spec(&id, namespace, image, scratch.path(), Network::Host);
     runtime.create_machine(&spec).await.unwrap();
     delete_only_the_record(&socket, namespace, &id).await;
     assert_eq!(runtime.inspect(&id).await.unwrap(), MachineState::Missing);
@@ -438,7 +409,7 @@ async fn two_hundred_execs_on_a_busy_host_each_answer_their_whole_output() {
         id: id.clone(),
     };
     runtime
-        .create_machine(&machine_spec(
+        .create_machine(&support::machine_spec(
             &id,
             &id,
             image,

@@ -11,7 +11,7 @@ use narya_oci::{Digest, ImageReference};
 use narya_runtimes::docker::{Docker, DockerConfig};
 use narya_runtimes::fetch::ImageFetcher;
 use narya_runtimes::network::{Isolation, NetworkConfig};
-use narya_runtimes::{Network, Runtime, Sandbox};
+use narya_runtimes::{ImageSource, Network, Runtime, Sandbox};
 
 /// Each engine has one image store for both suites: they take turns, and each starts without
 /// the image so that its own source is the one that brings it.
@@ -20,6 +20,8 @@ static ONE_PODMAN_SUITE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::
 
 const DOCKER: &str = "NARYA_TEST_DOCKER_SOCKET";
 const PODMAN: &str = "NARYA_TEST_PODMAN_SOCKET";
+/// Podman with runsc as its default runtime (`contrib/dev/services.sh`'s podman-gvisor).
+const PODMAN_GVISOR: &str = "NARYA_TEST_PODMAN_GVISOR_SOCKET";
 
 fn docker(socket: &Path, network: Option<NetworkConfig>, scratch: &Path) -> Docker {
     docker_under(socket, network, scratch, Sandbox::Container)
@@ -247,10 +249,10 @@ async fn run_suite(registry: bool, prefix: &str, engine: &str, sandbox: Option<S
     if engine == PODMAN {
         network_of_an_older_daemon(&socket, &isolated.config).await;
     }
-    let _turn = if engine == PODMAN {
-        ONE_PODMAN_SUITE_AT_A_TIME.lock().await
-    } else {
-        ONE_DOCKER_SUITE_AT_A_TIME.lock().await
+    let _turn = match engine {
+        PODMAN => Some(ONE_PODMAN_SUITE_AT_A_TIME.lock().await),
+        DOCKER => Some(ONE_DOCKER_SUITE_AT_A_TIME.lock().await),
+        _ => None,
     };
     let registry = std::env::var("NARYA_TEST_REGISTRY").unwrap_or_default();
     let fetcher = ImageFetcher::new(vec![registry]).expect("an image fetcher");
@@ -300,6 +302,14 @@ async fn conformance_under_gvisor() {
     run_suite(false, "dg", DOCKER, support::gvisor("runsc")).await;
 }
 
+/// Every group, and the sandbox group, on a Podman whose default runtime is runsc: the one way
+/// Podman runs machines under gVisor (see the next test). Not named for the matrix's
+/// `conformance` filter: this Podman is the host's, whichever engines the matrix points at.
+#[tokio::test(flavor = "multi_thread")]
+async fn podman_with_runsc_as_its_default_passes_every_group_under_gvisor() {
+    run_suite(false, "pg", PODMAN_GVISOR, support::gvisor("runsc")).await;
+}
+
 /// Podman's API ignores the runtime a container asks for (Podman issue 28429): gVisor on a
 /// Podman whose default runtime is runc is refused, never run on runc.
 #[tokio::test(flavor = "multi_thread")]
@@ -320,5 +330,70 @@ async fn podman_under_gvisor_is_refused_unless_runsc_is_its_default() {
     assert!(
         message.contains("28429") && message.contains("runtime = \"runsc\""),
         "{message}"
+    );
+}
+
+/// A Podman that makes a machine meant for gVisor under runc anyway (its default changed after
+/// the check above, or the check was never made) has that machine refused at create and
+/// removed: nothing of it runs, and nothing is left in the engine.
+#[tokio::test(flavor = "multi_thread")]
+async fn podman_making_a_gvisor_machine_under_runc_has_it_refused_and_removed() {
+    let Some(sandbox) = support::gvisor("runsc") else {
+        return;
+    };
+    let Some(socket) = support::required(PODMAN) else {
+        return;
+    };
+    let scratch = support::scratch();
+    let Some(reference) = private_reference(false, scratch.path(), "pw") else {
+        return;
+    };
+    let runtime = docker_under(Path::new(&socket), None, scratch.path(), sandbox);
+    // The suites on this engine each start without the image: this test takes its turn.
+    let _turn = ONE_PODMAN_SUITE_AT_A_TIME.lock().await;
+    let image = runtime
+        .ensure_image(&ImageSource {
+            reference,
+            pinned: None,
+        })
+        .await
+        .expect("the official image");
+    let id = format!("{}-wrong-runtime", support::prefix("pw"));
+    let spec = support::machine_spec(&id, "pw", image, scratch.path(), Network::None);
+    let e = runtime
+        .create_machine(&spec)
+        .await
+        .expect_err("a machine this Podman would run under runc");
+    let message = e.to_string();
+    assert!(
+        message.contains("under \"runc\", not the runtime \"runsc\"") && message.contains("28429"),
+        "{message}"
+    );
+    let machines = runtime.list().await.expect("the engine's machines");
+    assert!(machines.iter().all(|m| m.id != id), "{machines:?}");
+    let client = bollard::Docker::connect_with_unix(
+        &socket,
+        60,
+        &bollard::ClientVersion {
+            major_version: 1,
+            minor_version: 41,
+        },
+    )
+    .expect("a client for the engine");
+    let inspected = client
+        .inspect_container(
+            &id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await;
+    assert!(
+        matches!(
+            inspected,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404,
+                ..
+            })
+        ),
+        "the refused container is still in the engine: {inspected:?}"
     );
 }

@@ -120,7 +120,8 @@ impl Engine {
 
     /// Refuses an engine that has no OCI runtime registered as `name`, and a Podman whose
     /// default runtime is not `name`: Podman's API ignores a container's own `oci_runtime`
-    /// (podman issue 28429, fixed in 2026), so only its default can be relied on.
+    /// (Podman issue 28429: 4.3 to 5.8; fixed in 6, which needs cgroup v2), so only its default
+    /// can be relied on. Each container Podman makes is checked again (`libpod::create`).
     pub(super) async fn check_runtime(&self, name: &str) -> Result<()> {
         let info = self
             .client()

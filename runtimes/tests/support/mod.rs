@@ -1,13 +1,16 @@
 //! What the conformance runs against each real back end share: the variables they need, the
 //! fixture they make, and the verdict they print.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use narya_oci::ImageReference;
 use narya_runtimes::conformance::{self, Fixture, Outside, SubnetLease};
 use narya_runtimes::network::{tag_for, NetworkConfig};
-use narya_runtimes::{ImageSource, Limits, Network, Runtime, Sandbox, User};
+use narya_runtimes::{
+    ImageSource, Limits, MachineSpec, Network, PinnedImage, Runtime, Sandbox, User,
+};
 
 /// Whether this run is CI's, where nothing may skip.
 fn under_ci() -> bool {
@@ -174,6 +177,35 @@ pub fn test_limits() -> Limits {
         pids: 128,
         tmp: 16 << 20,
         nofile: 1024,
+    }
+}
+
+/// Test machine `id` of the official image, its workspace made under `scratch`.
+pub fn machine_spec(
+    id: &str,
+    organisation: &str,
+    image: PinnedImage,
+    scratch: &std::path::Path,
+    network: Network,
+) -> MachineSpec {
+    let workspace = scratch.join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    MachineSpec {
+        id: id.to_owned(),
+        environment: id.to_owned(),
+        organisation: organisation.to_owned(),
+        image,
+        workspace,
+        mount_point: "/workspace".to_owned(),
+        user: User {
+            uid: 1000,
+            gid: 1000,
+        },
+        network,
+        limits: test_limits(),
+        pool: None,
+        labels: BTreeMap::new(),
+        layer: None,
     }
 }
 

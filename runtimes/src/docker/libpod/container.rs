@@ -38,11 +38,65 @@ pub(in crate::docker) async fn create(
             Some(&spec),
         )
         .await?;
-        created_id(answer)
+        let id = created_id(answer)?;
+        if let Some(asked) = body.host_config.as_ref().and_then(|h| h.runtime.as_deref()) {
+            under_the_runtime_asked(socket, &id, asked).await?;
+        }
+        Ok::<_, LibpodError>(id)
     };
     created
         .await
         .map_err(|e| RuntimeError::caused(e.kind(), what(), e))
+}
+
+/// Makes sure container `id` runs under the runtime `asked`, and removes it if not: Podman 4.3
+/// to 5.8 make every container under their default runtime whatever one it asks for (Podman
+/// issue 28429), so a Podman whose default changed since the daemon checked it would otherwise
+/// run a machine meant for gVisor under runc.
+async fn under_the_runtime_asked(socket: &Path, id: &str, asked: &str) -> Result<(), LibpodError> {
+    #[derive(serde::Deserialize)]
+    struct Inspected {
+        #[serde(rename = "OCIRuntime", default)]
+        runtime: String,
+    }
+    let path = format!("/containers/{id}/json");
+    let inspected = async {
+        let answer = request(socket, hyper::Method::GET, &path, None).await?;
+        let body = expect(200, answer)?;
+        serde_json::from_slice::<Inspected>(&body)
+            .map_err(|e| LibpodError::Decode("an inspected container", e))
+    };
+    let made_under = match inspected.await {
+        Ok(inspected) if inspected.runtime == asked => return Ok(()),
+        Ok(inspected) => Some(inspected.runtime),
+        Err(e) => {
+            tracing::warn!(container = id, error = %e, "docker: cannot tell which runtime Podman made a container under");
+            None
+        }
+    };
+    let removal = request(
+        socket,
+        hyper::Method::DELETE,
+        &format!("/containers/{id}?force=true"),
+        None,
+    )
+    .await
+    .and_then(|(status, body)| {
+        // Podman 4 answers 200 with a report, later ones may answer 204.
+        let ok = if (200..300).contains(&status) {
+            status
+        } else {
+            200
+        };
+        expect(ok, (status, body)).map(drop)
+    });
+    if let Err(e) = removal {
+        tracing::warn!(container = id, error = %e, "docker: removing a container made under the wrong runtime");
+    }
+    Err(LibpodError::WrongRuntime {
+        asked: asked.to_owned(),
+        made_under,
+    })
 }
 
 /// The id in a create's answer, or the error it carries.

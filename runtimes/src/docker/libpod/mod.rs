@@ -43,6 +43,17 @@ enum LibpodError {
     Answer { status: u16, message: String },
     #[error("the engine's answer is not {0}: {1}")]
     Decode(&'static str, #[source] serde_json::Error),
+    #[error(
+        "Podman made the container under {}, not the runtime {asked:?} it asked for, and it was \
+         removed: Podman up to 5.8 ignores the runtime a container asks for (Podman issue \
+         28429); make {asked:?} its default (`runtime = {asked:?}` under [engine] in its \
+         containers.conf) and restart it",
+        made_under.as_deref().map_or("a runtime it did not say".to_owned(), |r| format!("{r:?}"))
+    )]
+    WrongRuntime {
+        asked: String,
+        made_under: Option<String>,
+    },
 }
 
 impl LibpodError {
