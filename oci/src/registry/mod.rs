@@ -3,7 +3,6 @@
 //! verified against the digest it was asked for.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -11,10 +10,19 @@ use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, WWW_AUTH
 use reqwest::{Response, StatusCode, Url};
 
 use crate::manifest::{
-    is_index, is_manifest, select_linux_amd64, ImageIndex, ImageManifest, MEDIA_TYPE_DOCKER_LIST,
+    select_linux_amd64, ImageIndex, ImageManifest, MEDIA_TYPE_DOCKER_LIST,
     MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_OCI_INDEX, MEDIA_TYPE_OCI_MANIFEST,
 };
 use crate::{Digest, RegistryReference};
+
+mod auth;
+mod error;
+mod response;
+
+pub use error::RegistryError;
+
+use auth::{parse_bearer_challenge, BearerChallenge, BearerToken};
+use response::{check_status, denied, error_chain, parse_document, read_body};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Manifests and tokens are small documents: a registry that takes longer is not healthy.
@@ -28,84 +36,6 @@ const MAX_INDEX_DEPTH: usize = 2;
 /// Pre-allocation never trusts a `Content-Length` beyond this.
 const PREALLOCATE_MAX_BYTES: u64 = 64 * 1024 * 1024;
 const DOCKER_CONTENT_DIGEST: &str = "docker-content-digest";
-
-/// Why a registry could not give us the image.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    #[error("cannot set up the HTTP client for registries: {reason}")]
-    Client { reason: String },
-    #[error("registry {registry} is unreachable (fetching {repository}): {reason}; {hint}")]
-    Unreachable {
-        registry: String,
-        repository: String,
-        reason: String,
-        hint: String,
-    },
-    #[error("registry {registry} stopped answering while sending {what} of {repository}: {reason}; check the registry and the network, then retry")]
-    Interrupted {
-        registry: String,
-        repository: String,
-        what: String,
-        reason: String,
-    },
-    #[error("registry {registry} has no {what} in repository {repository}; check image.reference and that the image was pushed there")]
-    NotFound {
-        registry: String,
-        repository: String,
-        what: String,
-    },
-    #[error("registry {registry} refused anonymous access to {repository} (HTTP {status}); Narya pulls without credentials, so make the repository public")]
-    Denied {
-        registry: String,
-        repository: String,
-        status: u16,
-    },
-    #[error("registry {registry} sent us to the token service {realm} for {repository}, which failed: {reason}")]
-    TokenService {
-        registry: String,
-        repository: String,
-        realm: String,
-        reason: String,
-    },
-    #[error("registry {registry} answered HTTP {status} for {what} of {repository}")]
-    Status {
-        registry: String,
-        repository: String,
-        what: String,
-        status: u16,
-    },
-    #[error("registry {registry} served {what} of {repository} with digest {actual}, but {expected} was expected; the content was refused — the registry or something between us serves wrong content")]
-    DigestMismatch {
-        registry: String,
-        repository: String,
-        what: String,
-        expected: Digest,
-        actual: Digest,
-    },
-    #[error("registry {registry} served an unusable {what} of {repository}: {reason}")]
-    Invalid {
-        registry: String,
-        repository: String,
-        what: String,
-        reason: String,
-    },
-    #[error("image {registry}/{repository}:{reference} has no linux/amd64 manifest; push one for linux/amd64")]
-    NoLinuxAmd64 {
-        registry: String,
-        repository: String,
-        reference: String,
-    },
-}
-
-/// An anonymous bearer token; never printed.
-#[derive(Clone)]
-struct BearerToken(String);
-
-impl fmt::Debug for BearerToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
 
 /// A client for the distribution API (pull only, anonymous).
 #[derive(Debug)]
@@ -509,262 +439,5 @@ impl RegistryClient {
                 error_chain(e)
             },
         }
-    }
-}
-
-fn denied(r: &RegistryReference, status: StatusCode) -> RegistryError {
-    RegistryError::Denied {
-        registry: r.registry.clone(),
-        repository: r.repository.clone(),
-        status: status.as_u16(),
-    }
-}
-
-fn check_status(
-    r: &RegistryReference,
-    what: &str,
-    response: Response,
-) -> Result<Response, RegistryError> {
-    let status = response.status();
-    if status.is_success() {
-        return Ok(response);
-    }
-    Err(match status {
-        StatusCode::NOT_FOUND => RegistryError::NotFound {
-            registry: r.registry.clone(),
-            repository: r.repository.clone(),
-            what: what.to_owned(),
-        },
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => denied(r, status),
-        _ => RegistryError::Status {
-            registry: r.registry.clone(),
-            repository: r.repository.clone(),
-            what: what.to_owned(),
-            status: status.as_u16(),
-        },
-    })
-}
-
-/// Reads the whole body, refusing more than `limit` bytes when one is given.
-async fn read_body(
-    r: &RegistryReference,
-    what: &str,
-    mut response: Response,
-    limit: Option<usize>,
-) -> Result<Vec<u8>, RegistryError> {
-    let too_large = |limit: usize| RegistryError::Invalid {
-        registry: r.registry.clone(),
-        repository: r.repository.clone(),
-        what: what.to_owned(),
-        reason: format!("it is larger than {limit} bytes"),
-    };
-    let advertised = response.content_length().unwrap_or(0);
-    if let Some(limit) = limit {
-        if advertised > limit as u64 {
-            return Err(too_large(limit));
-        }
-    }
-    let capacity = usize::try_from(advertised.min(PREALLOCATE_MAX_BYTES)).unwrap_or(0);
-    let mut body = Vec::with_capacity(capacity);
-    loop {
-        let chunk = response
-            .chunk()
-            .await
-            .map_err(|e| RegistryError::Interrupted {
-                registry: r.registry.clone(),
-                repository: r.repository.clone(),
-                what: what.to_owned(),
-                reason: if e.is_timeout() {
-                    "timed out".to_owned()
-                } else {
-                    error_chain(&e)
-                },
-            })?;
-        let Some(chunk) = chunk else {
-            return Ok(body);
-        };
-        if let Some(limit) = limit {
-            if body.len() + chunk.len() > limit {
-                return Err(too_large(limit));
-            }
-        }
-        body.extend_from_slice(&chunk);
-    }
-}
-
-/// Parses a manifest or index; its own `mediaType` field decides, the `Content-Type` header
-/// stands in when the document has none.
-fn parse_document(bytes: &[u8], content_type: Option<&str>) -> Result<Document, String> {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Probe {
-        schema_version: Option<u32>,
-        media_type: Option<String>,
-    }
-    let probe: Probe =
-        serde_json::from_slice(bytes).map_err(|e| format!("it is not a JSON document ({e})"))?;
-    if probe.schema_version != Some(2) {
-        return Err(format!(
-            "its schemaVersion is {:?}; only schema version 2 (OCI and Docker schema 2) is supported",
-            probe.schema_version
-        ));
-    }
-    let media_type = probe
-        .media_type
-        .or_else(|| content_type.map(str::to_owned))
-        .unwrap_or_default();
-    if is_index(&media_type) {
-        serde_json::from_slice(bytes)
-            .map(Document::Index)
-            .map_err(|e| format!("it is not a valid image index ({e})"))
-    } else if is_manifest(&media_type) {
-        serde_json::from_slice(bytes)
-            .map(Document::Manifest)
-            .map_err(|e| format!("it is not a valid image manifest ({e})"))
-    } else {
-        Err(format!(
-            "its media type {media_type:?} is neither an image index nor an image manifest"
-        ))
-    }
-}
-
-/// The parameters of a `WWW-Authenticate: Bearer …` challenge.
-#[derive(Debug, PartialEq, Eq)]
-struct BearerChallenge {
-    realm: String,
-    service: Option<String>,
-    scope: Option<String>,
-}
-
-/// Parses `Bearer realm="…",service="…",scope="…"` (RFC 7235 auth-params, quoted or bare);
-/// `None` for other schemes or a challenge without a realm.
-fn parse_bearer_challenge(header: &str) -> Option<BearerChallenge> {
-    let header = header.trim_start();
-    let (scheme, mut rest) = header.split_once(char::is_whitespace)?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return None;
-    }
-    let mut params: HashMap<String, String> = HashMap::new();
-    loop {
-        rest = rest.trim_start_matches(|c: char| c == ',' || c.is_whitespace());
-        if rest.is_empty() {
-            break;
-        }
-        let (key, after) = rest.split_once('=')?;
-        let key = key.trim().to_ascii_lowercase();
-        let after = after.trim_start();
-        let (value, remainder) = if let Some(quoted) = after.strip_prefix('"') {
-            let mut value = String::new();
-            let mut chars = quoted.char_indices();
-            let mut end = None;
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '\\' => value.push(chars.next()?.1),
-                    '"' => {
-                        end = Some(i + 1);
-                        break;
-                    }
-                    _ => value.push(c),
-                }
-            }
-            (value, &quoted[end?..])
-        } else {
-            let end = after.find(',').unwrap_or(after.len());
-            (after[..end].trim().to_owned(), &after[end..])
-        };
-        params.insert(key, value);
-        rest = remainder;
-    }
-    Some(BearerChallenge {
-        realm: params.remove("realm").filter(|r| !r.is_empty())?,
-        service: params.remove("service"),
-        scope: params.remove("scope"),
-    })
-}
-
-/// An error and its causes on one line: reqwest's own message rarely says what went wrong.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = cause.source();
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn docker_hub_challenge_is_parsed() {
-        let c = parse_bearer_challenge(
-            r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/debian:pull""#,
-        )
-        .unwrap();
-        assert_eq!(
-            c,
-            BearerChallenge {
-                realm: "https://auth.docker.io/token".to_owned(),
-                service: Some("registry.docker.io".to_owned()),
-                scope: Some("repository:library/debian:pull".to_owned()),
-            }
-        );
-    }
-
-    #[test]
-    fn challenge_with_spaces_escapes_bare_values_and_commas_in_scope() {
-        let c = parse_bearer_challenge(
-            r#"bearer  realm = "https://ghcr.io/token" , Service=ghcr.io, scope="repository:a/b:pull,push", error="say \"hi\"""#,
-        )
-        .unwrap();
-        assert_eq!(c.realm, "https://ghcr.io/token");
-        assert_eq!(c.service.as_deref(), Some("ghcr.io"));
-        assert_eq!(c.scope.as_deref(), Some("repository:a/b:pull,push"));
-    }
-
-    #[test]
-    fn other_schemes_and_realmless_or_broken_challenges_are_not_bearer_challenges() {
-        for header in [
-            r#"Basic realm="registry""#,
-            r#"Bearer service="x""#,
-            r#"Bearer realm="unterminated"#,
-            "Bearer",
-            r#"Bearer realm"#,
-        ] {
-            assert_eq!(parse_bearer_challenge(header), None, "{header}");
-        }
-    }
-
-    #[test]
-    fn documents_are_told_apart_by_media_type() {
-        let index =
-            format!(r#"{{"schemaVersion":2,"mediaType":"{MEDIA_TYPE_OCI_INDEX}","manifests":[]}}"#);
-        assert!(matches!(
-            parse_document(index.as_bytes(), None),
-            Ok(Document::Index(_))
-        ));
-        let bare_list = r#"{"schemaVersion":2,"manifests":[]}"#;
-        assert!(matches!(
-            parse_document(bare_list.as_bytes(), Some(MEDIA_TYPE_DOCKER_LIST)),
-            Ok(Document::Index(_))
-        ));
-        assert!(parse_document(bare_list.as_bytes(), None).is_err());
-        let schema1 = r#"{"schemaVersion":1,"name":"x"}"#;
-        assert!(parse_document(schema1.as_bytes(), Some(MEDIA_TYPE_DOCKER_MANIFEST)).is_err());
-        assert!(parse_document(b"not json", None).is_err());
-    }
-
-    #[test]
-    fn tokens_are_not_printed() {
-        assert_eq!(
-            format!("{:?}", BearerToken("secret".to_owned())),
-            "[redacted]"
-        );
     }
 }
