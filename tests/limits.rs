@@ -108,7 +108,7 @@ async fn a_process_past_memory_is_killed_and_its_environment_stays_ready(backend
         ],
     )
     .await;
-    support::e2e::assert_killed_past_memory(&result);
+    support::e2e::assert_killed_past_memory(backend, &result);
     // Ready, and running commands: on runc it never stopped; under gVisor the daemon finds the
     // ended sandbox and starts the machine again (reading `degraded` meanwhile).
     let within = if under_gvisor() {

@@ -266,7 +266,8 @@ case "${1:-start}" in
     start_containerd
     start_dockerd
     start_registry
-    start_podman
+    # runc by name: crun, Podman's first choice where installed, refuses this host's hybrid cgroups.
+    start_podman podman runc
     start_podman_gvisor
     [ "${2:-}" != matrix ] || start_matrix
     ;;

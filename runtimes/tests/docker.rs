@@ -360,6 +360,10 @@ async fn podman_making_a_gvisor_machine_under_runc_has_it_refused_and_removed() 
         .expect("the official image");
     let id = format!("{}-wrong-runtime", support::prefix("pw"));
     let spec = support::machine_spec(&id, "pw", image, scratch.path(), Network::None);
+    let _removal = RemovedOnDrop {
+        socket: socket.clone(),
+        name: id.clone(),
+    };
     let e = runtime
         .create_machine(&spec)
         .await
@@ -396,4 +400,20 @@ async fn podman_making_a_gvisor_machine_under_runc_has_it_refused_and_removed() 
         ),
         "the refused container is still in the engine: {inspected:?}"
     );
+}
+
+/// Removes container `name` from the engine on `socket` when dropped: what a test that failed
+/// midway would otherwise leave running.
+struct RemovedOnDrop {
+    socket: String,
+    name: String,
+}
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let url = format!("http://d/containers/{}?force=true&v=true", self.name);
+        let _ = std::process::Command::new("curl")
+            .args(["-sS", "-X", "DELETE", "--unix-socket", &self.socket, &url])
+            .output();
+    }
 }

@@ -228,7 +228,7 @@ async fn a_pooled_environment_is_isolated_and_bounded_like_any_other(backend: Ba
         )
         .await,
     );
-    support::e2e::assert_killed_past_memory(&hog);
+    support::e2e::assert_killed_past_memory(backend, &hog);
     until(&client, &first, REFILLED_WITHIN, "ready", |e| {
         e["status"] == "ready"
     })

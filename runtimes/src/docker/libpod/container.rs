@@ -49,10 +49,10 @@ pub(in crate::docker) async fn create(
         .map_err(|e| RuntimeError::caused(e.kind(), what(), e))
 }
 
-/// Makes sure container `id` runs under the runtime `asked`, and removes it if not: Podman 4.3
-/// to 5.8 make every container under their default runtime whatever one it asks for (Podman
-/// issue 28429), so a Podman whose default changed since the daemon checked it would otherwise
-/// run a machine meant for gVisor under runc.
+/// Makes sure container `id` runs under the runtime `asked`, and removes it if not, or if
+/// Podman cannot say: Podman 4.3 to 5.8 make every container under their default runtime
+/// whatever one it asks for (Podman issue 28429), so a Podman whose default changed since the
+/// daemon checked it would otherwise run a machine meant for gVisor under runc.
 async fn under_the_runtime_asked(socket: &Path, id: &str, asked: &str) -> Result<(), LibpodError> {
     #[derive(serde::Deserialize)]
     struct Inspected {
@@ -65,38 +65,52 @@ async fn under_the_runtime_asked(socket: &Path, id: &str, asked: &str) -> Result
         let body = expect(200, answer)?;
         serde_json::from_slice::<Inspected>(&body)
             .map_err(|e| LibpodError::Decode("an inspected container", e))
-    };
-    let made_under = match inspected.await {
-        Ok(inspected) if inspected.runtime == asked => return Ok(()),
-        Ok(inspected) => Some(inspected.runtime),
-        Err(e) => {
-            tracing::warn!(container = id, error = %e, "docker: cannot tell which runtime Podman made a container under");
-            None
-        }
-    };
+    }
+    .await;
+    if matches!(&inspected, Ok(i) if i.runtime == asked) {
+        return Ok(());
+    }
+    let removed = remove(socket, id).await;
+    let asked = asked.to_owned();
+    Err(match inspected {
+        Ok(inspected) => LibpodError::WrongRuntime {
+            asked,
+            made_under: Some(inspected.runtime).filter(|r| !r.is_empty()),
+            removed,
+        },
+        Err(cause) => LibpodError::Unconfirmed {
+            asked,
+            removed,
+            cause: Box::new(cause),
+        },
+    })
+}
+
+/// Removes container `id` with its anonymous volumes, whatever its state; whether it is gone.
+async fn remove(socket: &Path, id: &str) -> bool {
     let removal = request(
         socket,
         hyper::Method::DELETE,
-        &format!("/containers/{id}?force=true"),
+        &format!("/containers/{id}?force=true&v=true"),
         None,
     )
     .await
     .and_then(|(status, body)| {
-        // Podman 4 answers 200 with a report, later ones may answer 204.
-        let ok = if (200..300).contains(&status) {
+        // Podman 4 answers 200 with a report, later ones may answer 204; gone already is fine.
+        let ok = if (200..300).contains(&status) || status == 404 {
             status
         } else {
             200
         };
         expect(ok, (status, body)).map(drop)
     });
-    if let Err(e) = removal {
-        tracing::warn!(container = id, error = %e, "docker: removing a container made under the wrong runtime");
+    match removal {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(container = id, error = %e, "docker: removing a container Podman made under another runtime than asked");
+            false
+        }
     }
-    Err(LibpodError::WrongRuntime {
-        asked: asked.to_owned(),
-        made_under,
-    })
 }
 
 /// The id in a create's answer, or the error it carries.

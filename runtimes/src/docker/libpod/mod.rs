@@ -44,16 +44,38 @@ enum LibpodError {
     #[error("the engine's answer is not {0}: {1}")]
     Decode(&'static str, #[source] serde_json::Error),
     #[error(
-        "Podman made the container under {}, not the runtime {asked:?} it asked for, and it was \
-         removed: Podman up to 5.8 ignores the runtime a container asks for (Podman issue \
-         28429); make {asked:?} its default (`runtime = {asked:?}` under [engine] in its \
-         containers.conf) and restart it",
-        made_under.as_deref().map_or("a runtime it did not say".to_owned(), |r| format!("{r:?}"))
+        "Podman made the container under {}, not the runtime {asked:?} it asked for, and {}: \
+         Podman up to 5.8 ignores the runtime a container asks for (Podman issue 28429); make \
+         {asked:?} its default (`runtime = {asked:?}` under [engine] in its containers.conf) \
+         and restart it",
+        made_under.as_deref().map_or("a runtime it did not say".to_owned(), |r| format!("{r:?}")),
+        removal(*removed)
     )]
     WrongRuntime {
         asked: String,
         made_under: Option<String>,
+        removed: bool,
     },
+    #[error(
+        "could not confirm that Podman made the container under the runtime {asked:?}, and {}: \
+         {cause}",
+        removal(*removed)
+    )]
+    Unconfirmed {
+        asked: String,
+        removed: bool,
+        /// In the message rather than as a source: the chain would say it twice.
+        cause: Box<LibpodError>,
+    },
+}
+
+/// What became of a container made under another runtime than asked, for the error's message.
+fn removal(removed: bool) -> &'static str {
+    if removed {
+        "it was removed"
+    } else {
+        "removing it failed too (see the log)"
+    }
 }
 
 impl LibpodError {
@@ -72,6 +94,7 @@ impl LibpodError {
             } if message.contains("image not known") || message.contains("no such image") => {
                 ErrorKind::NotFound
             }
+            LibpodError::Unconfirmed { cause, .. } => cause.kind(),
             LibpodError::Answer { status: 503, .. }
             | LibpodError::Connect(_)
             | LibpodError::Http(_)
