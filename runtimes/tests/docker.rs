@@ -370,7 +370,9 @@ async fn podman_making_a_gvisor_machine_under_runc_has_it_refused_and_removed() 
         .expect_err("a machine this Podman would run under runc");
     let message = e.to_string();
     assert!(
-        message.contains("under \"runc\", not the runtime \"runsc\"") && message.contains("28429"),
+        message.contains("under \"runc\", not the runtime \"runsc\"")
+            && message.contains("it was removed")
+            && message.contains("28429"),
         "{message}"
     );
     let machines = runtime.list().await.expect("the engine's machines");
