@@ -237,9 +237,10 @@ async fn a_create_whose_client_disconnects_still_finishes(backend: Backend) {
         );
         stream.write_all(head.as_bytes()).await.unwrap();
         stream.write_all(&request_body).await.unwrap();
-        // Once the create is provisioning (its row is there), the client goes away.
+        // Once the create is provisioning (its row is there), the client goes away. The row
+        // comes after the image is pinned, which on a loaded machine can take a while.
         let watcher = host.acme();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let during = get(&watcher, &id).await;
             if during.status == StatusCode::OK {
@@ -289,7 +290,7 @@ async fn a_daemon_killed_during_setup_leaves_an_unrecorded_environment(backend: 
                 .await
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !host.workspace(&id).join("begun").exists() {
         assert!(Instant::now() < deadline, "setup never started");
         tokio::time::sleep(Duration::from_millis(50)).await;
