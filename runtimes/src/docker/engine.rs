@@ -210,6 +210,11 @@ pub(super) fn classify(what: &str, error: EngineError) -> RuntimeError {
         } if message.contains("image not known") || message.contains("no such image") => {
             ErrorKind::NotFound
         }
+        // … and an exec it forgot (with its container, stopped under it) with 500 too.
+        EngineError::DockerResponseServerError {
+            status_code: 500,
+            message,
+        } if message.contains("no such exec session") => ErrorKind::NotFound,
         // The engine itself saying it cannot serve now (e.g. shutting down).
         EngineError::DockerResponseServerError {
             status_code: 503, ..
@@ -312,6 +317,28 @@ mod tests {
         assert!(matches!(
             classify("x", answer(500)),
             RuntimeError::Other { .. }
+        ));
+        // Podman's words for what Docker answers 404 and 409 to.
+        let podman = |message: &str| EngineError::DockerResponseServerError {
+            status_code: 500,
+            message: message.into(),
+        };
+        let forgotten = "retrieving exec session 1124a0 from container fceec3: no exec session \
+                         with ID 1124a0 found in container fceec3: no such exec session";
+        assert!(matches!(
+            classify("x", podman(forgotten)),
+            RuntimeError::NotFound { .. }
+        ));
+        assert!(matches!(
+            classify("x", podman("42: image not known")),
+            RuntimeError::NotFound { .. }
+        ));
+        assert!(matches!(
+            classify(
+                "x",
+                podman("the container name \"m\" is already in use by 42")
+            ),
+            RuntimeError::AlreadyExists { .. }
         ));
         assert!(matches!(
             classify("x", EngineError::SocketNotFoundError("/nowhere".into())),
