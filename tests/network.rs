@@ -137,7 +137,7 @@ async fn none_gives_loopback_only(backend: Backend) {
     let answer = create(&client, serde_json::json!({ "id": id })).await;
     assert_eq!(answer.status, StatusCode::CREATED);
     // The kernel's own list of interfaces (gVisor keeps no /sys/class/net): under gVisor on
-    // containerd, the wrapper's loopback-only network (a new namespace's loopback is down, and
+    // containerd and Podman, the wrapper's loopback-only network (a new namespace's loopback is down, and
     // gVisor's netstack would take no interface from it).
     let script = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
     let result = body(&exec(&client, &id, &["sh", "-c", script]).await);

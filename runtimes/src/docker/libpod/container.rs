@@ -371,7 +371,7 @@ mod tests {
     use bytes::Bytes;
     use serde_json::json;
 
-    use super::{created_id, spec_generator};
+    use super::{created_id, spec_generator, under_the_runtime_asked};
     use crate::docker::libpod::LibpodError;
     use crate::ErrorKind;
 
@@ -532,5 +532,98 @@ mod tests {
             ErrorKind::NotFound
         );
         assert_eq!(kind(500, b"boom"), ErrorKind::Other);
+    }
+
+    /// A Podman on a unix socket that answers an inspect with `inspect` (status, body) and a
+    /// removal with 200; the request lines it was sent.
+    fn fake_podman(
+        dir: &std::path::Path,
+        inspect: (&'static str, &'static str),
+    ) -> (
+        std::path::PathBuf,
+        std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let socket = dir.join("podman.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = vec![0u8; 4096];
+                let n = stream.read(&mut request).await.unwrap_or(0);
+                let line = String::from_utf8_lossy(&request[..n])
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let (status, body) = if line.starts_with("GET") {
+                    inspect
+                } else {
+                    ("200 OK", "[]")
+                };
+                log.lock().unwrap().push(line);
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        (socket, seen)
+    }
+
+    #[tokio::test]
+    async fn a_container_under_another_runtime_is_removed_and_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, seen) = fake_podman(dir.path(), ("200 OK", r#"{"OCIRuntime":"runc"}"#));
+        let e = under_the_runtime_asked(&socket, "c1", "runsc")
+            .await
+            .expect_err("runc is not runsc");
+        assert!(
+            matches!(&e, LibpodError::WrongRuntime { made_under: Some(r), removed: true, .. } if r == "runc"),
+            "{e}"
+        );
+        assert_eq!(e.kind(), ErrorKind::Other);
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            seen.iter()
+                .any(|l| l.starts_with("DELETE") && l.contains("/containers/c1?force=true&v=true")),
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_runtime_that_cannot_be_confirmed_removes_the_container_and_keeps_the_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, seen) = fake_podman(
+            dir.path(),
+            ("503 Service Unavailable", r#"{"message":"busy"}"#),
+        );
+        let e = under_the_runtime_asked(&socket, "c2", "runsc")
+            .await
+            .expect_err("nothing confirmed");
+        assert!(
+            matches!(&e, LibpodError::Unconfirmed { removed: true, .. }),
+            "{e}"
+        );
+        assert_eq!(
+            e.kind(),
+            ErrorKind::Unavailable,
+            "retryable, as the inspect's failure was"
+        );
+        assert!(e.to_string().contains("could not confirm"), "{e}");
+        assert!(seen.lock().unwrap().iter().any(|l| l.starts_with("DELETE")));
+    }
+
+    #[tokio::test]
+    async fn the_runtime_asked_for_passes_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, seen) = fake_podman(dir.path(), ("200 OK", r#"{"OCIRuntime":"runsc"}"#));
+        under_the_runtime_asked(&socket, "c3", "runsc")
+            .await
+            .expect("made under runsc");
+        assert!(!seen.lock().unwrap().iter().any(|l| l.starts_with("DELETE")));
     }
 }
