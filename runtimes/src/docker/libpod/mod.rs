@@ -1,10 +1,12 @@
 //! Podman's own API (`/libpod/…`), for what its Docker-compatible service cannot be asked:
 //! containers with a private cgroup namespace ([`container`]) and networks without Podman's
 //! DNS ([`network`]). The requests are the ones made for Docker, translated field by field; a
-//! field a translation does not know fails the request rather than being lost.
+//! field a translation does not know fails the request rather than being lost. A container
+//! made with a runtime asked for is checked to run under it ([`runtime_check`]).
 
 mod container;
 mod network;
+mod runtime_check;
 
 use std::path::Path;
 use std::time::Duration;
