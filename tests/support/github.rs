@@ -4,24 +4,21 @@
 //! and git's smart HTTP for real bare repositories through `git http-backend` (`github_git.rs`),
 //! which takes only a live installation token as `x-access-token` Basic credentials, for the
 //! repositories it covers; the OAuth side a person connecting an installation meets is in
-//! `github_oauth.rs`.
+//! `github_oauth.rs`. This file holds the double's state and what tests drive it with; the REST
+//! API's routes are in `github/rest.rs`, what GitHub demands of requests and how it words its
+//! answers in `github/wire.rs`.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use axum::body::Bytes;
-use axum::extract::{Path as UrlPath, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post};
-use axum::{Json, Router};
+use axum::Router;
 use base64::Engine as _;
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use jsonwebtoken::DecodingKey;
 use serde_json::{json, Value};
 
 use narya::client::{Answer, Client};
@@ -30,13 +27,20 @@ use super::github_git;
 use super::github_oauth::{self, OAuthState, UserTokenSeen};
 use super::make_key;
 
-/// The media type and API version GitHub's REST API is spoken in.
-const MEDIA_TYPE: &str = "application/vnd.github+json";
-const API_VERSION: &str = "2022-11-28";
-/// What GitHub lets an App's JWT live for.
-const JWT_MAX_LIFETIME: u64 = 600;
-/// How long GitHub's installation tokens live.
-const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+// `contrib/bench` includes this file by `#[path]`, which makes its own `mod`s resolve beside it
+// rather than in `github/`: these paths name the same files either way.
+#[path = "github/rest.rs"]
+mod rest;
+#[path = "github/wire.rs"]
+mod wire;
+
+pub(super) use rest::live_token;
+pub(super) use wire::{bearer, check_headers, github_error, random_tail};
+
+use rest::{
+    authenticated_app, installation, list_repositories, mint_token, not_found,
+    repository_installation, revoke_token,
+};
 
 /// A token the double minted, as it saw it.
 #[derive(Clone, Debug)]
@@ -383,433 +387,6 @@ pub async fn connect_with_code(client: &Client, installation: i64, code: &str) -
         )
         .await
         .unwrap()
-}
-
-pub(super) fn github_error(status: StatusCode, message: &str) -> Response {
-    (
-        status,
-        Json(json!({
-            "message": message,
-            "documentation_url": "https://docs.github.com/rest",
-            "status": status.as_u16().to_string(),
-        })),
-    )
-        .into_response()
-}
-
-async fn not_found() -> Response {
-    github_error(StatusCode::NOT_FOUND, "Not Found")
-}
-
-/// What GitHub requires of every REST request; the double also insists on the API version
-/// Narya asks for, so a client that forgets it is caught.
-/// A refusal as GitHub words it: status and message.
-pub(super) type Refusal = (StatusCode, &'static str);
-
-pub(super) fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
-    let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if value("user-agent").is_none_or(str::is_empty) {
-        return Err((
-            StatusCode::FORBIDDEN,
-            "Request forbidden by administrative rules. Please make sure your request has a User-Agent header",
-        ));
-    }
-    if value("x-github-api-version") != Some(API_VERSION) {
-        return Err((
-            StatusCode::BAD_REQUEST,
-            "double: X-GitHub-Api-Version must be 2022-11-28",
-        ));
-    }
-    if value("accept") != Some(MEDIA_TYPE) {
-        return Err((
-            StatusCode::BAD_REQUEST,
-            "double: Accept must be application/vnd.github+json",
-        ));
-    }
-    Ok(())
-}
-
-pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    value
-        .strip_prefix("Bearer ")
-        .or_else(|| value.strip_prefix("token "))
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// The App's JWT: RS256 over the App's key, `iss` the App id, `iat` not in the future, `exp` not
-/// passed and at most ten minutes ahead.
-fn verify_app_jwt(shared: &Shared, headers: &HeaderMap) -> Result<(), Refusal> {
-    check_headers(headers)?;
-    let refused = || {
-        (
-            StatusCode::UNAUTHORIZED,
-            "A JSON web token could not be decoded",
-        )
-    };
-    let token = bearer(headers).ok_or_else(refused)?;
-    let mut validation = Validation::new(Algorithm::RS256);
-    // `iss` is checked below: GitHub takes the App id as an integer, which jsonwebtoken's own
-    // issuer check (strings only) would call missing.
-    validation.set_required_spec_claims(&["exp"]);
-    validation.leeway = 0;
-    let claims = jsonwebtoken::decode::<Value>(token, &shared.public_key, &validation)
-        .map_err(|_| refused())?
-        .claims;
-    let iss_ok = match &claims["iss"] {
-        Value::Number(n) => n.as_u64() == Some(shared.app_id),
-        Value::String(s) => s == &shared.app_id.to_string(),
-        _ => false,
-    };
-    let now = now_secs();
-    let iat = claims["iat"].as_u64().unwrap_or(u64::MAX);
-    let exp = claims["exp"].as_u64().unwrap_or(0);
-    if !iss_ok {
-        return Err((
-            StatusCode::UNAUTHORIZED,
-            "'Issuer' claim ('iss') must be an Integer",
-        ));
-    }
-    if iat > now || exp > now + JWT_MAX_LIFETIME {
-        return Err((
-            StatusCode::UNAUTHORIZED,
-            "'Expiration time' claim ('exp') is too far in the future",
-        ));
-    }
-    Ok(())
-}
-
-fn repository_json(shared: &Shared, account: &str, name: &str) -> Value {
-    json!({
-        "id": name.len(),
-        "name": name,
-        "full_name": format!("{account}/{name}"),
-        "private": true,
-        "owner": {"login": account, "type": "Organization"},
-        "html_url": format!("https://github.com/{account}/{name}"),
-        "clone_url": format!("{}/git/{account}/{name}.git", shared.url),
-    })
-}
-
-/// `GET /app`: the App the JWT authenticates as.
-async fn authenticated_app(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    shared
-        .api_requests
-        .lock()
-        .unwrap()
-        .push("GET /app".to_owned());
-    if let Err((status, message)) = verify_app_jwt(&shared, &headers) {
-        return github_error(status, message);
-    }
-    Json(json!({
-        "id": shared.app_id,
-        "slug": "narya-test",
-        "name": "Narya (test)",
-    }))
-    .into_response()
-}
-
-async fn installation(
-    State(shared): State<Arc<Shared>>,
-    UrlPath(id): UrlPath<i64>,
-    headers: HeaderMap,
-) -> Response {
-    shared
-        .api_requests
-        .lock()
-        .unwrap()
-        .push(format!("GET /app/installations/{id}"));
-    if let Err((status, message)) = verify_app_jwt(&shared, &headers) {
-        return github_error(status, message);
-    }
-    let installations = shared.installations.lock().unwrap();
-    let Some(found) = installations.get(&id) else {
-        return github_error(StatusCode::NOT_FOUND, "Not Found");
-    };
-    Json(json!({
-        "id": id,
-        "account": {"login": found.account, "id": 1, "type": "Organization"},
-        "repository_selection": "selected",
-        "access_tokens_url": format!("{}/app/installations/{id}/access_tokens", shared.url),
-        "repositories_url": format!("{}/installation/repositories", shared.url),
-        "html_url": format!("https://github.com/organizations/{}/settings/installations/{id}", found.account),
-        "app_id": shared.app_id,
-        "target_id": 1,
-        "target_type": "Organization",
-        "permissions": {"contents": "read", "metadata": "read"},
-        "events": [],
-        "created_at": "2024-01-01T00:00:00Z",
-        "updated_at": "2024-01-01T00:00:00Z",
-        "single_file_name": null,
-        "suspended_at": null,
-    }))
-    .into_response()
-}
-
-/// `GET /repos/{owner}/{repo}/installation` (App JWT): the installation that reaches the
-/// repository, or 404 when none of the App's installations selected it.
-async fn repository_installation(
-    State(shared): State<Arc<Shared>>,
-    UrlPath((owner, repo)): UrlPath<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    shared
-        .api_requests
-        .lock()
-        .unwrap()
-        .push(format!("GET /repos/{owner}/{repo}/installation"));
-    if let Some(seconds) = *shared.rate_limit.lock().unwrap() {
-        let mut limited = github_error(
-            StatusCode::FORBIDDEN,
-            "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
-        );
-        limited
-            .headers_mut()
-            .insert("retry-after", seconds.to_string().parse().unwrap());
-        return limited;
-    }
-    if let Err((status, message)) = verify_app_jwt(&shared, &headers) {
-        return github_error(status, message);
-    }
-    let installations = shared.installations.lock().unwrap();
-    let found = installations.iter().find(|(_, i)| {
-        i.account.eq_ignore_ascii_case(&owner)
-            && i.selected.iter().any(|n| n.eq_ignore_ascii_case(&repo))
-    });
-    let Some((id, found)) = found else {
-        return github_error(StatusCode::NOT_FOUND, "Not Found");
-    };
-    Json(json!({
-        "id": id,
-        "account": {"login": found.account, "id": 1, "type": "Organization"},
-        "repository_selection": "selected",
-        "access_tokens_url": format!("{}/app/installations/{id}/access_tokens", shared.url),
-        "repositories_url": format!("{}/installation/repositories", shared.url),
-        "app_id": shared.app_id,
-        "target_type": "Organization",
-        "permissions": {"contents": "read", "metadata": "read"},
-    }))
-    .into_response()
-}
-
-/// Permissions the App was granted: what an installation token may ask for.
-fn granted(permission: &str, level: &Value) -> bool {
-    matches!(permission, "contents" | "metadata") && level == "read"
-}
-
-fn random_token() -> String {
-    format!("ghs_{}", random_tail())
-}
-
-/// 36 random letters and digits, as GitHub's tokens end.
-pub(super) fn random_tail() -> String {
-    let mut bytes = [0u8; 36];
-    std::fs::File::open("/dev/urandom")
-        .unwrap()
-        .read_exact(&mut bytes)
-        .unwrap();
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let tail: String = bytes
-        .iter()
-        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
-        .collect();
-    tail
-}
-
-fn rfc3339(at: SystemTime) -> String {
-    time::OffsetDateTime::from(at)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap()
-}
-
-async fn mint_token(
-    State(shared): State<Arc<Shared>>,
-    UrlPath(id): UrlPath<i64>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    shared
-        .api_requests
-        .lock()
-        .unwrap()
-        .push(format!("POST /app/installations/{id}/access_tokens"));
-    if let Err((status, message)) = verify_app_jwt(&shared, &headers) {
-        return github_error(status, message);
-    }
-    let request: Value = if body.is_empty() {
-        json!({})
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(_) => return github_error(StatusCode::BAD_REQUEST, "Problems parsing JSON"),
-        }
-    };
-    let installations = shared.installations.lock().unwrap();
-    let Some(found) = installations.get(&id) else {
-        return github_error(StatusCode::NOT_FOUND, "Not Found");
-    };
-    let repositories: Option<Vec<String>> = match &request["repositories"] {
-        Value::Null => None,
-        Value::Array(names) => Some(
-            names
-                .iter()
-                .map(|n| n.as_str().unwrap_or_default().to_owned())
-                .collect(),
-        ),
-        _ => return github_error(StatusCode::UNPROCESSABLE_ENTITY, "Invalid request."),
-    };
-    if let Some(names) = &repositories {
-        if names.iter().any(|n| !found.selected.contains(n)) {
-            return github_error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "There is at least one repository that does not exist or is not accessible to the parent installation.",
-            );
-        }
-    }
-    let permissions = match &request["permissions"] {
-        Value::Null => json!({"contents": "read", "metadata": "read"}),
-        Value::Object(asked) => {
-            if !asked.iter().all(|(p, level)| granted(p, level)) {
-                return github_error(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "The permissions requested are not granted to this installation.",
-                );
-            }
-            Value::Object(asked.clone())
-        }
-        _ => return github_error(StatusCode::UNPROCESSABLE_ENTITY, "Invalid request."),
-    };
-    let listed: Vec<Value> = found
-        .selected
-        .iter()
-        .filter(|n| repositories.as_ref().is_none_or(|r| r.contains(n)))
-        .map(|n| repository_json(&shared, &found.account, n))
-        .collect();
-    let minted_at = SystemTime::now();
-    let token = random_token();
-    shared.tokens.lock().unwrap().push(MintedToken {
-        token: token.clone(),
-        installation: id,
-        repositories: repositories.clone(),
-        permissions: permissions.clone(),
-        minted_at,
-        revoked_at: None,
-    });
-    (
-        StatusCode::CREATED,
-        Json(json!({
-            "token": token,
-            "expires_at": rfc3339(minted_at + TOKEN_LIFETIME),
-            "permissions": permissions,
-            "repository_selection": "selected",
-            "repositories": listed,
-        })),
-    )
-        .into_response()
-}
-
-/// The live (unrevoked, unexpired) token `token`, if the double minted it.
-pub(super) fn live_token(shared: &Shared, token: &str) -> Option<MintedToken> {
-    shared
-        .tokens
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|t| {
-            t.token == token
-                && t.revoked_at.is_none()
-                && t.minted_at + TOKEN_LIFETIME > SystemTime::now()
-        })
-        .cloned()
-}
-
-async fn list_repositories(
-    State(shared): State<Arc<Shared>>,
-    Query(query): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-) -> Response {
-    shared
-        .api_requests
-        .lock()
-        .unwrap()
-        .push("GET /installation/repositories".to_owned());
-    if let Err((status, message)) = check_headers(&headers) {
-        return github_error(status, message);
-    }
-    let Some(token) = bearer(&headers).and_then(|t| live_token(&shared, t)) else {
-        return github_error(StatusCode::UNAUTHORIZED, "Bad credentials");
-    };
-    let per_page: usize = query
-        .get("per_page")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(30)
-        .clamp(1, 100);
-    let page: usize = query
-        .get("page")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(1)
-        .max(1);
-    let installations = shared.installations.lock().unwrap();
-    let Some(found) = installations.get(&token.installation) else {
-        return github_error(StatusCode::UNAUTHORIZED, "Bad credentials");
-    };
-    let all: Vec<&String> = found
-        .selected
-        .iter()
-        .filter(|n| token.repositories.as_ref().is_none_or(|r| r.contains(n)))
-        .collect();
-    let listed: Vec<Value> = all
-        .iter()
-        .skip((page - 1) * per_page)
-        .take(per_page)
-        .map(|n| repository_json(&shared, &found.account, n))
-        .collect();
-    let last = all.len().div_ceil(per_page).max(1);
-    let mut response = Json(json!({
-        "total_count": all.len(),
-        "repository_selection": "selected",
-        "repositories": listed,
-    }))
-    .into_response();
-    if page < last {
-        let link = format!(
-            "<{url}/installation/repositories?per_page={per_page}&page={next}>; rel=\"next\", <{url}/installation/repositories?per_page={per_page}&page={last}>; rel=\"last\"",
-            url = shared.url,
-            next = page + 1,
-        );
-        response
-            .headers_mut()
-            .insert(header::LINK, link.parse().unwrap());
-    }
-    response
-}
-
-async fn revoke_token(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    shared
-        .api_requests
-        .lock()
-        .unwrap()
-        .push("DELETE /installation/token".to_owned());
-    if let Err((status, message)) = check_headers(&headers) {
-        return github_error(status, message);
-    }
-    let Some(token) = bearer(&headers).map(str::to_owned) else {
-        return github_error(StatusCode::UNAUTHORIZED, "Bad credentials");
-    };
-    if live_token(&shared, &token).is_none() {
-        return github_error(StatusCode::UNAUTHORIZED, "Bad credentials");
-    }
-    let mut tokens = shared.tokens.lock().unwrap();
-    if let Some(t) = tokens.iter_mut().find(|t| t.token == token) {
-        t.revoked_at = Some(SystemTime::now());
-    }
-    StatusCode::NO_CONTENT.into_response()
 }
 
 /// `GET /v1/organisation/github` as `client`'s organisation.
