@@ -1,8 +1,9 @@
 //! What gVisor's runsc would do to the host, and Narya's wrapper keeps it from: runsc's delete
 //! kills the pids it recorded for a sandbox and its gofer whether or not they are still theirs.
-//! Against the real containerd, whose removal comes when the daemon asks (Docker and Podman
+//! Through the real containerd, whose removal comes when the daemon asks (Docker and Podman
 //! delete a task the moment it ends, so nothing can take its pids first in a test; they run the
-//! same wrapper).
+//! same wrapper), and through the wrapper and runsc alone, for every state a delete can find a
+//! sandbox in.
 
 // Only some of the shared helpers serve this binary.
 #[allow(dead_code)]
@@ -19,37 +20,44 @@ use narya_runtimes::{ImageSource, MachineState, Network, Runtime};
 /// this process.
 const NAMESPACE: &str = "narya-runtime-tests";
 
+/// Every host process: its pid and its arguments.
+fn processes() -> Vec<(i32, Vec<String>)> {
+    let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    entries
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args = cmdline
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            Some((pid, args))
+        })
+        .collect()
+}
+
+/// Whether `args` are those of runsc's process `kind` (`runsc-sandbox`, `runsc-gofer`).
+fn is_runsc(args: &[String], kind: &str) -> bool {
+    args.first().is_some_and(|a| a == kind)
+}
+
 /// The host processes of machine `id`'s sandbox: runsc's sandbox (`runsc-sandbox … ID`) and
 /// its gofer (`runsc-gofer … --bundle=…/ID`).
 fn sandbox_processes(id: &str) -> (Option<i32>, Option<i32>) {
-    let (mut sandbox, mut gofer) = (None, None);
     let bundle_suffix = format!("/{id}");
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        match args.first().map(String::as_str) {
-            Some("runsc-sandbox") if args.last().is_some_and(|a| a == id) => sandbox = Some(pid),
-            Some("runsc-gofer")
-                if args.iter().any(|a| {
-                    a.strip_prefix("--bundle=")
-                        .is_some_and(|b| b.ends_with(&bundle_suffix))
-                }) =>
-            {
-                gofer = Some(pid)
-            }
-            _ => {}
-        }
-    }
-    (sandbox, gofer)
+    let all = processes();
+    let sandbox = all
+        .iter()
+        .find(|(_, args)| is_runsc(args, "runsc-sandbox") && args.last().is_some_and(|a| a == id));
+    let gofer = all.iter().find(|(_, args)| {
+        is_runsc(args, "runsc-gofer")
+            && args.iter().any(|a| {
+                a.strip_prefix("--bundle=")
+                    .is_some_and(|b| b.ends_with(&bundle_suffix))
+            })
+    });
+    (sandbox.map(|(pid, _)| *pid), gofer.map(|(pid, _)| *pid))
 }
 
 /// Waits until no process has pid `pid` (not even an unreaped one).
@@ -59,6 +67,14 @@ fn wait_gone(pid: i32) {
         assert!(Instant::now() < deadline, "pid {pid} did not go");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Sends `signal` (`-KILL`, `-STOP`) to `pid`; whether it was delivered.
+fn signal(pid: i32, signal: &str) -> bool {
+    Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// A process with a pid an ended sandbox once had, reaped the moment it ends (an unreaped one
@@ -96,9 +112,7 @@ impl Occupant {
         let ran = !self.ended.is_finished();
         // Not once it ended: its pid is free for anyone again.
         if ran {
-            let _ = Command::new("kill")
-                .args(["-KILL", &self.pid.to_string()])
-                .status();
+            signal(self.pid, "-KILL");
         }
         let _ = self.ended.join();
         ran
@@ -170,11 +184,7 @@ async fn removing_a_machine_whose_sandbox_ended_kills_nothing_that_took_its_pids
 
     // The sandbox ends (as one killed past its pids or memory limit does), and its gofer with it;
     // then two processes that have nothing to do with the machine take their pids.
-    let killed = Command::new("kill")
-        .args(["-KILL", &sandbox.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(killed.success());
+    assert!(signal(sandbox, "-KILL"));
     wait_gone(sandbox);
     wait_gone(gofer);
     let bystanders = [Occupant::of(sandbox), Occupant::of(gofer)];
@@ -200,4 +210,164 @@ async fn removing_a_machine_whose_sandbox_ended_kills_nothing_that_took_its_pids
         "the sandbox's cgroup {} is left",
         cgroup.display()
     );
+}
+
+/// runsc through the wrapper with no engine around it: a bundle of its own (the host's root,
+/// read-only, running `sleep`) in a state directory of its own, so that each way a delete can
+/// find a sandbox is set up exactly.
+struct Direct {
+    _dir: tempfile::TempDir,
+    wrapper: PathBuf,
+    root: PathBuf,
+    bundle: PathBuf,
+}
+
+impl Direct {
+    fn new() -> Option<Direct> {
+        support::gvisor("/usr/bin/runsc")?;
+        let dir = tempfile::tempdir().unwrap();
+        let wrapper = narya_runtimes::sandbox::write_wrapper(
+            std::path::Path::new("/usr/bin/runsc"),
+            &dir.path().join("narya-runsc"),
+        )
+        .expect("the wrapper is written");
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(&bundle).unwrap();
+        let config = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {
+                "user": {"uid": 0, "gid": 0},
+                "args": ["/bin/sleep", "600"],
+                "env": ["PATH=/usr/bin:/bin"],
+                "cwd": "/"
+            },
+            "root": {"path": "/", "readonly": true},
+            "hostname": "direct",
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]}
+        });
+        std::fs::write(bundle.join("config.json"), config.to_string()).unwrap();
+        Some(Direct {
+            root: dir.path().join("state"),
+            _dir: dir,
+            wrapper,
+            bundle,
+        })
+    }
+
+    /// `wrapper --root ROOT args…`: its exit status and what it said. Its output goes to a
+    /// file: a container's processes keep the output they were started with open.
+    fn run(&self, args: &[&str]) -> (bool, String) {
+        let said = self.root.with_extension("said");
+        let file = std::fs::File::create(&said).unwrap();
+        let status = Command::new(&self.wrapper)
+            .arg("--root")
+            .arg(&self.root)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .status()
+            .expect("the wrapper runs");
+        (
+            status.success(),
+            std::fs::read_to_string(&said).unwrap_or_default(),
+        )
+    }
+
+    /// Starts container `id`; its sandbox's and gofer's host pids.
+    fn up(&self, id: &str) -> (i32, i32) {
+        let bundle = self.bundle.display().to_string();
+        let (created, said) = self.run(&["create", "--bundle", &bundle, id]);
+        assert!(created, "runsc create: {said}");
+        let (started, said) = self.run(&["start", id]);
+        assert!(started, "runsc start: {said}");
+        let sandbox = sandbox_processes(id)
+            .0
+            .expect("the container's sandbox runs");
+        let gofer = gofer_of(&self.bundle).expect("the container's gofer runs");
+        (sandbox, gofer)
+    }
+
+    /// What runsc lists in this state directory.
+    fn listed(&self) -> String {
+        let (_, said) = self.run(&["list", "--quiet"]);
+        said.trim().to_owned()
+    }
+}
+
+/// The gofer serving `bundle`.
+fn gofer_of(bundle: &std::path::Path) -> Option<i32> {
+    let wanted = format!("--bundle={}", bundle.display());
+    processes()
+        .into_iter()
+        .find(|(_, args)| is_runsc(args, "runsc-gofer") && args.contains(&wanted))
+        .map(|(pid, _)| pid)
+}
+
+/// Whether `pid` is a process that has not ended (an unreaped one has ended).
+fn runs(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
+/// Every way a delete can find a sandbox, with runsc alone: nothing but the sandbox's own
+/// processes is ever killed, what is still the sandbox's is ended, and a running container is
+/// still refused a delete without `--force`.
+#[test]
+fn the_wrapper_deletes_a_sandbox_in_every_state_without_reaching_other_processes() {
+    let Some(direct) = Direct::new() else {
+        return;
+    };
+    let tag = std::process::id();
+
+    // Ended, sandbox and gofer both, and their pids taken by others.
+    let id = format!("ended-{tag}");
+    let (sandbox, gofer) = direct.up(&id);
+    assert!(signal(sandbox, "-KILL"));
+    wait_gone(sandbox);
+    wait_gone(gofer);
+    let occupants = [Occupant::of(sandbox), Occupant::of(gofer)];
+    let (deleted, said) = direct.run(&["delete", "--force", &id]);
+    for occupant in occupants {
+        let pid = occupant.pid;
+        assert!(occupant.still_ran(), "the delete killed pid {pid}");
+    }
+    assert!(deleted, "{said}");
+
+    // The sandbox runs, its gofer ended and its pid is taken: forced, the sandbox goes.
+    let id = format!("goferless-{tag}");
+    let (sandbox, gofer) = direct.up(&id);
+    assert!(signal(gofer, "-KILL"));
+    wait_gone(gofer);
+    let occupant = Occupant::of(gofer);
+    let (deleted, said) = direct.run(&["delete", "--force", &id]);
+    assert!(occupant.still_ran(), "the delete killed pid {gofer}");
+    assert!(deleted, "{said}");
+    assert!(!runs(sandbox), "the forced delete left the sandbox running");
+
+    // Running: refused without --force, and nothing is killed; with it, sandbox and gofer go.
+    let id = format!("running-{tag}");
+    let (sandbox, gofer) = direct.up(&id);
+    let (deleted, said) = direct.run(&["delete", &id]);
+    assert!(!deleted && said.contains("--force"), "{said}");
+    assert!(runs(sandbox) && runs(gofer));
+    let (deleted, said) = direct.run(&["delete", "--force", &id]);
+    assert!(deleted, "{said}");
+    assert!(!runs(sandbox) && !runs(gofer));
+
+    // The sandbox ended and its gofer is left (stopped, so it cannot follow): the gofer goes.
+    let id = format!("gofer-left-{tag}");
+    let (sandbox, gofer) = direct.up(&id);
+    assert!(signal(gofer, "-STOP") && signal(sandbox, "-KILL"));
+    wait_gone(sandbox);
+    let (deleted, said) = direct.run(&["delete", "--force", &id]);
+    assert!(deleted, "{said}");
+    assert!(!runs(gofer), "the gofer the ended sandbox left still runs");
+
+    assert_eq!(direct.listed(), "", "runsc still lists containers");
 }
