@@ -168,31 +168,6 @@ async fn with_the_image(
     Some((socket, runtime, image))
 }
 
-/// Removes machine `id` of `namespace` with containerd's own CLI when dropped, also when the
-/// test failed: task, container record, writable layer.
-struct Removal {
-    socket: String,
-    namespace: String,
-    id: String,
-}
-
-impl Drop for Removal {
-    fn drop(&mut self) {
-        let ctr = ["--address", &self.socket, "--namespace", &self.namespace];
-        for args in [
-            &["tasks", "kill", "--signal", "SIGKILL", &self.id][..],
-            &["tasks", "delete", "--force", &self.id],
-            &["containers", "delete", &self.id],
-            &["snapshots", "remove", &self.id],
-        ] {
-            let _ = std::process::Command::new("ctr")
-                .args(ctr)
-                .args(args)
-                .output();
-        }
-    }
-}
-
 /// Deletes container record `id` of `namespace` straight through containerd's API, leaving
 /// its task running, as a removal from outside racing a restart of the machine can.
 async fn delete_only_the_record(socket: &str, namespace: &str, id: &str) {
@@ -219,7 +194,7 @@ async fn a_task_that_outlived_its_container_does_not_block_a_new_machine_of_its_
         return;
     };
     let id = format!("outlived-{}", std::process::id());
-    let _removal = Removal {
+    let _removal = support::Removal {
         socket: socket.clone(),
         namespace: namespace.to_owned(),
         id: id.clone(),
@@ -403,7 +378,7 @@ async fn two_hundred_execs_on_a_busy_host_each_answer_their_whole_output() {
         return;
     };
     let id = format!("output-{}", std::process::id());
-    let _removal = Removal {
+    let _removal = support::Removal {
         socket: socket.clone(),
         namespace: namespace.to_owned(),
         id: id.clone(),

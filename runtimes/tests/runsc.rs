@@ -20,6 +20,11 @@ use narya_runtimes::{ImageSource, MachineState, Network, Runtime};
 /// this process.
 const NAMESPACE: &str = "narya-runtime-tests";
 
+/// Held while a test waits for pids to be freed and takes them through `ns_last_pid`, which
+/// sets where the whole host's next pid comes from: two tests doing it at once would hand each
+/// other's pids to whatever process starts next.
+static NEXT_PID: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Every host process: its pid and its arguments.
 fn processes() -> Vec<(i32, Vec<String>)> {
     let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
@@ -107,34 +112,30 @@ impl Occupant {
         panic!("could not start a process with pid {pid}");
     }
 
-    /// Whether it still runs; it is ended either way afterwards.
-    fn still_ran(self) -> bool {
-        let ran = !self.ended.is_finished();
-        // Not once it ended: its pid is free for anyone again.
-        if ran {
-            signal(self.pid, "-KILL");
+    /// Whether it still runs (it is ended when dropped).
+    fn runs(&self) -> bool {
+        !self.ended.is_finished()
+    }
+
+    /// Whether it is still running a second from now: a SIGKILL sent just before lands, and
+    /// its process is reaped, well within that.
+    fn survives(&self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            if !self.runs() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.ended.join();
-        ran
+        self.runs()
     }
 }
 
-/// Removes machine `id` with containerd's own CLI when dropped, also when the test failed.
-struct Removal {
-    socket: String,
-    id: String,
-}
-
-impl Drop for Removal {
+impl Drop for Occupant {
     fn drop(&mut self) {
-        let ctr = ["--address", &self.socket, "--namespace", NAMESPACE];
-        for args in [
-            &["tasks", "kill", "--signal", "SIGKILL", &self.id][..],
-            &["tasks", "delete", "--force", &self.id],
-            &["containers", "delete", &self.id],
-            &["snapshots", "remove", &self.id],
-        ] {
-            let _ = Command::new("ctr").args(ctr).args(args).output();
+        // Not once it ended: its pid is free for anyone again.
+        if self.runs() {
+            signal(self.pid, "-KILL");
         }
     }
 }
@@ -172,10 +173,12 @@ async fn removing_a_machine_whose_sandbox_ended_kills_nothing_that_took_its_pids
         .await
         .expect("the official image");
     let id = format!("ended-{}", std::process::id());
-    let _removal = Removal {
+    let _removal = support::Removal {
         socket: socket.clone(),
+        namespace: NAMESPACE.to_owned(),
         id: id.clone(),
     };
+    let _next_pid = NEXT_PID.lock().await;
     let spec = support::machine_spec(&id, NAMESPACE, image, scratch.path(), Network::Host);
     runtime.create_machine(&spec).await.unwrap();
     let (Some(sandbox), Some(gofer)) = sandbox_processes(&id) else {
@@ -192,13 +195,14 @@ async fn removing_a_machine_whose_sandbox_ended_kills_nothing_that_took_its_pids
     // Unguarded, runsc's delete either kills them (forced) or takes one for the sandbox still
     // running and refuses to delete (not forced, as containerd's shim asks first).
     let removed = runtime.remove(&id).await;
-    for bystander in bystanders {
-        let pid = bystander.pid;
+    for bystander in &bystanders {
         assert!(
-            bystander.still_ran(),
-            "removing the machine killed pid {pid}, which its ended sandbox once had"
+            bystander.survives(),
+            "removing the machine killed pid {}, which its ended sandbox once had",
+            bystander.pid
         );
     }
+    drop(bystanders);
     removed.expect("a machine whose sandbox ended is removed");
     assert_eq!(runtime.inspect(&id).await.unwrap(), MachineState::Missing);
     assert_eq!(sandbox_processes(&id), (None, None));
@@ -220,6 +224,23 @@ struct Direct {
     wrapper: PathBuf,
     root: PathBuf,
     bundle: PathBuf,
+}
+
+impl Drop for Direct {
+    /// Also when the test failed: every container it made is deleted, and any runsc process
+    /// of its state directory still left (a stopped gofer, say) is killed.
+    fn drop(&mut self) {
+        let (_, listed) = self.run(&["list", "--quiet"]);
+        for id in listed.split_whitespace() {
+            self.run(&["delete", "--force", id]);
+        }
+        let ours = format!("--root={}", self.root.display());
+        for (pid, args) in processes() {
+            if args.first().is_some_and(|a| a.starts_with("runsc")) && args.contains(&ours) {
+                signal(pid, "-KILL");
+            }
+        }
+    }
 }
 
 impl Direct {
@@ -254,24 +275,42 @@ impl Direct {
         })
     }
 
-    /// `wrapper --root ROOT args…`: its exit status and what it said. Its output goes to a
-    /// file: a container's processes keep the output they were started with open.
+    /// `wrapper --root ROOT args…`: whether it succeeded within a minute, and what it said. Its
+    /// output goes to a file: a container's processes keep the output they were started with
+    /// open.
     fn run(&self, args: &[&str]) -> (bool, String) {
         let said = self.root.with_extension("said");
         let file = std::fs::File::create(&said).unwrap();
-        let status = Command::new(&self.wrapper)
+        let mut child = Command::new(&self.wrapper)
             .arg("--root")
             .arg(&self.root)
             .args(args)
             .stdin(std::process::Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)
-            .status()
+            .spawn()
             .expect("the wrapper runs");
-        (
-            status.success(),
-            std::fs::read_to_string(&said).unwrap_or_default(),
-        )
+        // A delete that hangs (runsc asking a stopped sandbox) fails the test, not the run.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let said = std::fs::read_to_string(&said).unwrap_or_default();
+        match status {
+            Some(status) => (status.success(), said),
+            None => (
+                false,
+                format!("{args:?} did not finish within 60 s: {said}"),
+            ),
+        }
     }
 
     /// Starts container `id`; its sandbox's and gofer's host pids.
@@ -324,6 +363,7 @@ fn the_wrapper_deletes_a_sandbox_in_every_state_without_reaching_other_processes
         return;
     };
     let tag = std::process::id();
+    let _next_pid = NEXT_PID.blocking_lock();
 
     // Ended, sandbox and gofer both, and their pids taken by others.
     let id = format!("ended-{tag}");
@@ -333,20 +373,27 @@ fn the_wrapper_deletes_a_sandbox_in_every_state_without_reaching_other_processes
     wait_gone(gofer);
     let occupants = [Occupant::of(sandbox), Occupant::of(gofer)];
     let (deleted, said) = direct.run(&["delete", "--force", &id]);
-    for occupant in occupants {
-        let pid = occupant.pid;
-        assert!(occupant.still_ran(), "the delete killed pid {pid}");
+    for occupant in &occupants {
+        assert!(
+            occupant.survives(),
+            "the delete killed pid {}",
+            occupant.pid
+        );
     }
+    drop(occupants);
     assert!(deleted, "{said}");
 
-    // The sandbox runs, its gofer ended and its pid is taken: forced, the sandbox goes.
+    // The sandbox lives on (stopped, so that it cannot follow), its gofer ended and its pid is
+    // taken: forced, the sandbox goes and the other process stays.
     let id = format!("goferless-{tag}");
     let (sandbox, gofer) = direct.up(&id);
-    assert!(signal(gofer, "-KILL"));
+    assert!(signal(sandbox, "-STOP") && signal(gofer, "-KILL"));
     wait_gone(gofer);
     let occupant = Occupant::of(gofer);
+    assert!(runs(sandbox), "the sandbox outlived its gofer");
     let (deleted, said) = direct.run(&["delete", "--force", &id]);
-    assert!(occupant.still_ran(), "the delete killed pid {gofer}");
+    assert!(occupant.survives(), "the delete killed pid {gofer}");
+    drop(occupant);
     assert!(deleted, "{said}");
     assert!(!runs(sandbox), "the forced delete left the sandbox running");
 

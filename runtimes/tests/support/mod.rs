@@ -227,3 +227,29 @@ pub async fn run_and_judge(runtime: &dyn Runtime, fixture: &Fixture) {
         panic!("conformance against {}:\n{failed}", runtime.name());
     }
 }
+
+/// Removes machine `id` of `namespace` with containerd's own CLI when dropped, also when the
+/// test failed: task, container record, writable layer. (The Docker binary has no use for it.)
+#[allow(dead_code)]
+pub struct Removal {
+    pub socket: String,
+    pub namespace: String,
+    pub id: String,
+}
+
+impl Drop for Removal {
+    fn drop(&mut self) {
+        let ctr = ["--address", &self.socket, "--namespace", &self.namespace];
+        for args in [
+            &["tasks", "kill", "--signal", "SIGKILL", &self.id][..],
+            &["tasks", "delete", "--force", &self.id],
+            &["containers", "delete", &self.id],
+            &["snapshots", "remove", &self.id],
+        ] {
+            let _ = std::process::Command::new("ctr")
+                .args(ctr)
+                .args(args)
+                .output();
+        }
+    }
+}
